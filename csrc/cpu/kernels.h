@@ -1,0 +1,48 @@
+// CPU math of the single-gate RNN on raw row-major pointers, free of XLA: the handlers in
+// ffi_cpu.cc validate buffers and call these. Matrix products go to OpenBLAS.
+#ifndef JAX_SGRNN_CPU_KERNELS_H_
+#define JAX_SGRNN_CPU_KERNELS_H_
+
+#include "sgrnn/core.h"
+
+namespace sgrnn::cpu {
+
+template <typename T>
+struct ForwardArgs {
+  const T* x;   // [T, N, I]
+  const T* R;   // [D, H, H]
+  const T* W;   // [D*H, I] or null
+  const T* b;   // [D*H] or null
+  const T* h0;  // [N, D*H] or null
+  MaskView<T> mask;
+  T* y;  // [T, N, D*H]
+  T* z;  // [T, N, D*H], or null when not training
+};
+
+// y (and z) for one problem; both directions, all flags.
+template <typename T>
+void Forward(const Config& c, const Dims& d, const ForwardArgs<T>& a);
+
+template <typename T>
+struct GradientArgs {
+  const T* x;   // [T, N, I]
+  const T* R;   // [D, H, H]
+  const T* dy;  // [T, N, D*H]
+  const T* z;   // [T, N, D*H]
+  const T* W;   // [D*H, I] or null
+  const T* h0;  // [N, D*H] or null
+  MaskView<T> mask;
+  T* dx;   // [T, N, I]
+  T* dR;   // [D, H, H]
+  T* dW;   // [D*H, I] or null
+  T* db;   // [D*H] or null
+  T* dh0;  // [N, D*H] or null
+};
+
+// Backpropagation through time for one problem (spec, "Gradient op").
+template <typename T>
+void Gradients(const Config& c, const Dims& d, const GradientArgs<T>& a);
+
+}  // namespace sgrnn::cpu
+
+#endif  // JAX_SGRNN_CPU_KERNELS_H_

@@ -1,0 +1,146 @@
+// Backend-independent rules of the single-gate RNN: flags, sizes, time order, mask
+// broadcasting and the activations. Every handler (CPU, CUDA, MPSGraph) shares these; none of
+// this depends on XLA. See shared/spec/single-gate-rnn.md for the semantics.
+#ifndef JAX_SGRNN_CORE_H_
+#define JAX_SGRNN_CORE_H_
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+namespace sgrnn {
+
+// MPSGraphRNNActivation's numbering; the Python enum uses the same values.
+enum class Activation : int32_t {
+  kNone = 0,
+  kRelu = 1,
+  kTanh = 2,
+  kSigmoid = 3,
+  kHardSigmoid = 4,
+};
+
+inline bool IsValidActivation(Activation a) {
+  return static_cast<int32_t>(a) >= 0 && static_cast<int32_t>(a) <= 4;
+}
+
+// The typed FFI attributes of both ops: the descriptor and which optional operands are given.
+struct Config {
+  Activation activation;
+  bool reverse;
+  bool bidirectional;
+  bool training;  // forward only: whether z is returned
+  bool has_input_weight;
+  bool has_bias;
+  bool has_init_state;
+  bool has_mask;
+
+  int64_t directions() const { return bidirectional ? 2 : 1; }
+};
+
+// Problem sizes: T steps, N batch, I source features, H hidden, D directions.
+struct Dims {
+  int64_t T, N, I, H, D;
+  int64_t DH() const { return D * H; }
+  int64_t rows() const { return T * N; }  // rows of every [T, N, *] tensor seen as a matrix
+};
+
+// Where one direction reads its input and stores its outputs (spec, "time order").
+struct DirectionLayout {
+  bool read_reversed;  // step k consumes x[T-1-k]
+  bool store_flipped;  // step k is stored at time T-1-k (backward half of a bidirectional RNN)
+
+  // Time index of the y/z slot written at processing step k.
+  int64_t Slot(int64_t k, int64_t T) const { return store_flipped ? T - 1 - k : k; }
+  // True when projected inputs, computed in source time order, must be flipped in time to sit
+  // in their step's slot (unidirectional reverse), and gradients flipped back the same way.
+  bool source_order_differs() const { return read_reversed != store_flipped; }
+};
+
+inline DirectionLayout LayoutOf(const Config& c, int64_t direction) {
+  if (direction == 1) return {true, true};
+  return {c.reverse && !c.bidirectional, false};
+}
+
+// A mask of shape [Tm, Nm, Hm], each either 1 (broadcast) or the full size; the mask is indexed
+// by processing step and multiplies the recurrent input only.
+template <typename T>
+struct MaskView {
+  const T* data = nullptr;  // null: no mask
+  int64_t t_stride = 0, n_stride = 0, h_stride = 0;
+
+  MaskView() = default;
+  MaskView(const T* d, int64_t Tm, int64_t Nm, int64_t Hm)
+      : data(d),
+        t_stride(Tm == 1 ? 0 : Nm * Hm),
+        n_stride(Nm == 1 ? 0 : Hm),
+        h_stride(Hm == 1 ? 0 : 1) {}
+
+  // Writes mask[k, :, col0:col0+H] broadcast to a dense [N, H] block.
+  void Expand(int64_t k, int64_t col0, int64_t N, int64_t H, T* out) const {
+    for (int64_t n = 0; n < N; ++n) {
+      const T* row = data + k * t_stride + n * n_stride + col0 * h_stride;
+      for (int64_t j = 0; j < H; ++j) out[n * H + j] = row[j * h_stride];
+    }
+  }
+};
+
+// tanh as a clamped rational function (the approximation XLA and Eigen use for float32):
+// branch-free, so loops over it vectorise; accurate to a few ulp. double uses std::tanh.
+inline float FastTanh(float x) {
+  const float clamp = 7.90531110763549805f;  // tanh(x) rounds to +-1 beyond this
+  x = std::max(-clamp, std::min(clamp, x));
+  const float x2 = x * x;
+  float p = -2.76076847742355e-16f;
+  p = p * x2 + 2.00018790482477e-13f;
+  p = p * x2 - 8.60467152213735e-11f;
+  p = p * x2 + 5.12229709037114e-08f;
+  p = p * x2 + 1.48572235717979e-05f;
+  p = p * x2 + 6.37261928875436e-04f;
+  p = p * x2 + 4.89352455891786e-03f;
+  p = p * x;
+  float q = 1.19825839466702e-06f;
+  q = q * x2 + 1.18534705686654e-04f;
+  q = q * x2 + 2.26843463243900e-03f;
+  q = q * x2 + 4.89352518554385e-03f;
+  return std::abs(x) < 0.0004f ? x : p / q;
+}
+inline double FastTanh(double x) { return std::tanh(x); }
+
+// act(z), and act(z) together with act'(z) (both need the same transcendental).
+template <Activation A, typename T>
+inline T Activate(T z) {
+  if constexpr (A == Activation::kNone) return z;
+  if constexpr (A == Activation::kRelu) return z > T(0) ? z : T(0);
+  if constexpr (A == Activation::kTanh) return FastTanh(z);
+  if constexpr (A == Activation::kSigmoid) return T(0.5) * FastTanh(T(0.5) * z) + T(0.5);
+  if constexpr (A == Activation::kHardSigmoid)
+    return std::max(T(0), std::min(T(1), T(0.2) * z + T(0.5)));
+}
+
+template <Activation A, typename T>
+inline T ActivateGrad(T z, T h) {  // h = Activate<A>(z)
+  if constexpr (A == Activation::kNone) return T(1);
+  if constexpr (A == Activation::kRelu) return z > T(0) ? T(1) : T(0);
+  if constexpr (A == Activation::kTanh) return T(1) - h * h;
+  if constexpr (A == Activation::kSigmoid) return h * (T(1) - h);
+  if constexpr (A == Activation::kHardSigmoid)
+    return (z > T(-2.5) && z < T(2.5)) ? T(0.2) : T(0);
+}
+
+// Calls f.template operator()<A>() with the activation as a compile-time constant, so each
+// elementwise loop is compiled once per activation with no branch inside.
+template <typename F>
+inline void DispatchActivation(Activation a, F&& f) {
+  switch (a) {
+    case Activation::kNone: return f.template operator()<Activation::kNone>();
+    case Activation::kRelu: return f.template operator()<Activation::kRelu>();
+    case Activation::kTanh: return f.template operator()<Activation::kTanh>();
+    case Activation::kSigmoid: return f.template operator()<Activation::kSigmoid>();
+    case Activation::kHardSigmoid: return f.template operator()<Activation::kHardSigmoid>();
+  }
+}
+
+}  // namespace sgrnn
+
+#endif  // JAX_SGRNN_CORE_H_

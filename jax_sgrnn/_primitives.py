@@ -1,0 +1,231 @@
+"""The two primitives (forward, gradients): abstract evaluation and batching rules.
+
+Operands are ``x, R`` (plus ``dy, z`` for the gradients) followed by the optional inputs that
+are present, in the order ``input_weight, bias, init_state, mask``; :class:`OpConfig` says
+which. The mask arrives normalised: rank 3 (``[Tm, Nm, Hm]``, each 1 or full) in the input
+dtype. The gradient primitive carries a leading axis ``G`` of independent problems that share
+the weights (``G = 1`` from the public op; vmap grows it), so per-example weight gradients
+come from one call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend.core import Primitive
+from jax.interpreters import batching
+
+from ._spec import OPTIONAL_NAMES, Dims, SingleGateRNNDescriptor, check_shapes
+from .reference import reference, reference_gradients
+
+
+@dataclasses.dataclass(frozen=True)
+class OpConfig:
+    """Static parameters of both primitives: the descriptor and which inputs are present."""
+
+    descriptor: SingleGateRNNDescriptor
+    has_input_weight: bool
+    has_bias: bool
+    has_init_state: bool
+    has_mask: bool
+
+    @classmethod
+    def of(cls, descriptor, input_weight, bias, init_state, mask) -> "OpConfig":
+        return cls(descriptor, input_weight is not None, bias is not None,
+                   init_state is not None, mask is not None)
+
+    @property
+    def present(self) -> tuple[bool, bool, bool, bool]:
+        return (self.has_input_weight, self.has_bias, self.has_init_state, self.has_mask)
+
+    def optionals(self, operands: Sequence) -> dict:
+        """The present optional operands (the tail of ``operands``) by name, None for the rest."""
+        it = iter(operands)
+        return {name: next(it) if here else None
+                for name, here in zip(OPTIONAL_NAMES, self.present)}
+
+    @staticmethod
+    def pack(**optionals) -> list:
+        """The present optional operands in primitive order."""
+        return [optionals[n] for n in OPTIONAL_NAMES if optionals[n] is not None]
+
+    def ffi_attributes(self, training: bool) -> dict:
+        """The typed FFI attributes (csrc/sgrnn/ffi_schema.h's ``Config``)."""
+        d = self.descriptor
+        return dict(activation=np.int32(d.activation), reverse=np.bool_(d.reverse),
+                    bidirectional=np.bool_(d.bidirectional), training=np.bool_(training),
+                    has_input_weight=np.bool_(self.has_input_weight),
+                    has_bias=np.bool_(self.has_bias), has_init_state=np.bool_(self.has_init_state),
+                    has_mask=np.bool_(self.has_mask))
+
+
+def _eager_impl(primitive: Primitive):
+    """Eager evaluation compiles the primitive (once per shape and config) and runs it."""
+    return jax.jit(lambda *args, config: primitive.bind(*args, config=config),
+                   static_argnames="config")
+
+
+def _shape(a) -> Optional[tuple]:
+    return None if a is None else tuple(a.shape)
+
+
+# ----------------------------------------------------------------------------- forward
+
+forward_p = Primitive("sgrnn_forward")
+forward_p.multiple_results = True
+
+
+def _forward_abstract_eval(x, R, *rest, config: OpConfig):
+    opt = config.optionals(rest)
+    dims = check_shapes(x.shape, R.shape, *(_shape(opt[n]) for n in OPTIONAL_NAMES),
+                        config.descriptor.bidirectional)
+    out = jax.core.ShapedArray(dims.state_shape, x.dtype)
+    return [out, out] if config.descriptor.training else [out]
+
+
+forward_p.def_abstract_eval(_forward_abstract_eval)
+forward_p.def_impl(_eager_impl(forward_p))
+
+
+def forward_reference(x, R, *rest, config: OpConfig) -> list:
+    """The forward primitive computed by the ``lax.scan`` reference (the portable lowering)."""
+    out = reference(x, R, descriptor=config.descriptor, **config.optionals(rest))
+    return list(out) if config.descriptor.training else [out]
+
+
+def _unmapped_shape(a, bdim) -> list:
+    shape = list(a.shape)
+    if bdim is not batching.not_mapped:
+        del shape[bdim]
+    return shape
+
+
+def _fold(a, bdim: Optional[int], size: int, axis: int, full: Sequence[int]):
+    """Folds the mapped axis of ``a`` into its axis ``axis`` (batch-major), broadcasting
+    unmapped operands and size-1 broadcast axes to ``full`` first."""
+    a = (jnp.broadcast_to(a[None], (size, *a.shape)) if bdim is batching.not_mapped
+         else jnp.moveaxis(a, bdim, 0))
+    a = jnp.broadcast_to(a, (size, *a.shape[1:axis + 1], full[axis], *a.shape[axis + 2:]))
+    a = jnp.moveaxis(a, 0, axis)
+    return a.reshape(*a.shape[:axis], size * full[axis], *a.shape[axis + 2:])
+
+
+def _weights_mapped(dims, config: OpConfig, n_leading: int) -> bool:
+    """True when R, W or b is mapped: the mapped axis cannot join the batch then."""
+    weight_slots = [1] + [n_leading + i for i, here in enumerate(config.present[:2]) if here]
+    return any(dims[i] is not batching.not_mapped for i in weight_slots)
+
+
+def _forward_batch(args, dims, *, config: OpConfig):
+    size = next(a.shape[d] for a, d in zip(args, dims) if d is not batching.not_mapped)
+    if _weights_mapped(dims, config, 2):
+        # Per-example weights: a batched scan (one computation, vectorised by XLA).
+        out = jax.vmap(lambda *ops: forward_reference(*ops, config=config), in_axes=dims)(*args)
+        return out, [0] * len(out)
+    x, R, *rest = args
+    xd, _, *rest_dims = dims
+    opt = config.optionals(rest)
+    opt_dims = config.optionals(rest_dims)
+    N = _unmapped_shape(x, xd)[1]
+    # Mapped examples become more rows of the batch axis N: one call of the same kernel.
+    x = _fold(x, xd, size, 1, (None, N))
+    if opt["init_state"] is not None:
+        opt["init_state"] = _fold(opt["init_state"], opt_dims["init_state"], size, 0, (N,))
+    if opt["mask"] is not None:
+        m, md = opt["mask"], opt_dims["mask"]
+        if md is not batching.not_mapped or m.shape[1] != 1:
+            opt["mask"] = _fold(m, md, size, 1, (None, N))
+    out = forward_p.bind(x, R, *OpConfig.pack(**opt), config=config)
+    T, _, DH = out[0].shape
+    return [o.reshape(T, size, N, DH) for o in out], [1] * len(out)
+
+
+batching.primitive_batchers[forward_p] = _forward_batch
+
+# --------------------------------------------------------------------------- gradients
+
+gradients_p = Primitive("sgrnn_gradients")
+gradients_p.multiple_results = True
+
+
+def gradient_dims(x, R, dy, z, rest, config: OpConfig) -> tuple[int, Dims]:
+    """Validates the grouped gradient operands; returns (G, problem sizes)."""
+    G = x.shape[0] if len(x.shape) == 4 else None
+    opt = config.optionals(rest)
+    grouped = [("source", x), ("source_gradient", dy), ("z_state", z),
+               ("init_state", opt["init_state"])]
+    for name, a in grouped:
+        if a is not None and (len(a.shape) < 1 or a.shape[0] != G):
+            raise ValueError(f"{name}: expected a leading group axis of size {G}, got "
+                             f"{tuple(a.shape)}")
+    if opt["mask"] is not None and opt["mask"].shape[0] not in (1, G):
+        raise ValueError(f"mask: expected a leading group axis of size 1 or {G}")
+    strip = lambda a: None if a is None else tuple(a.shape[1:])
+    dims = check_shapes(strip(x), R.shape, _shape(opt["input_weight"]), _shape(opt["bias"]),
+                        strip(opt["init_state"]), strip(opt["mask"]),
+                        config.descriptor.bidirectional,
+                        [("source_gradient", strip(dy)), ("z_state", strip(z))])
+    return G, dims
+
+
+def _gradients_abstract_eval(x, R, dy, z, *rest, config: OpConfig):
+    G, _ = gradient_dims(x, R, dy, z, rest, config)
+    return _gradient_avals(G, x, R, rest, config)
+
+
+def _gradient_avals(G, x, R, rest, config: OpConfig) -> list:
+    """dx, dR, then dW, db, dh0 for the inputs present, each with the leading G axis."""
+    opt = config.optionals(rest)
+    shapes = [x.shape[1:], R.shape]
+    shapes += [opt[n].shape for n in ("input_weight", "bias") if opt[n] is not None]
+    if opt["init_state"] is not None:
+        shapes.append(opt["init_state"].shape[1:])
+    return [jax.core.ShapedArray((G, *s), x.dtype) for s in shapes]
+
+
+gradients_p.def_abstract_eval(_gradients_abstract_eval)
+gradients_p.def_impl(_eager_impl(gradients_p))
+
+
+def gradients_reference(x, R, dy, z, *rest, config: OpConfig) -> list:
+    """The gradient primitive by explicit BPTT in ``lax.scan`` (the portable lowering)."""
+    opt = config.optionals(rest)
+    axes = dict(input_weight=None, bias=None, init_state=0,
+                mask=None if opt["mask"] is None or opt["mask"].shape[0] == 1 else 0)
+    if axes["mask"] is None and opt["mask"] is not None:
+        opt["mask"] = opt["mask"][0]
+
+    def one(x, dy, z, opt):
+        return reference_gradients(x, R, dy, z, descriptor=config.descriptor, **opt)
+
+    return jax.vmap(one, in_axes=(0, 0, 0, axes))(x, dy, z, opt)
+
+
+def _gradients_batch(args, dims, *, config: OpConfig):
+    size = next(a.shape[d] for a, d in zip(args, dims) if d is not batching.not_mapped)
+    if _weights_mapped(dims, config, 4):
+        out = jax.vmap(lambda *ops: gradients_reference(*ops, config=config),
+                       in_axes=dims)(*args)
+        return out, [0] * len(out)
+    x, R, dy, z, *rest = args
+    xd, _, dyd, zd, *rest_dims = dims
+    G = _unmapped_shape(x, xd)[0]
+    # Mapped examples become more groups: one call, per-example weight gradients.
+    x, dy, z = (_fold(a, d, size, 0, (G,)) for a, d in ((x, xd), (dy, dyd), (z, zd)))
+    opt = config.optionals(rest)
+    opt_dims = config.optionals(rest_dims)
+    if opt["init_state"] is not None:
+        opt["init_state"] = _fold(opt["init_state"], opt_dims["init_state"], size, 0, (G,))
+    if opt["mask"] is not None:
+        m, md = opt["mask"], opt_dims["mask"]
+        if md is not batching.not_mapped or m.shape[0] != 1:
+            opt["mask"] = _fold(m, md, size, 0, (G,))
+    out = gradients_p.bind(x, R, dy, z, *OpConfig.pack(**opt), config=config)
+    return [o.reshape(size, G, *o.shape[1:]) for o in out], [0] * len(out)
+
+
+batching.primitive_batchers[gradients_p] = _gradients_batch

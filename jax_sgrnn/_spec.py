@@ -1,0 +1,188 @@
+"""The op's contract in one place: descriptor, activations, dtypes and shape rules.
+
+Every entry point (public ops, primitives' abstract eval, the reference) validates through
+:func:`check_shapes`, so an error message reads the same wherever it is raised.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Optional, Sequence, Union
+
+import jax.numpy as jnp
+import numpy as np
+
+Shape = tuple[int, ...]
+
+
+class Activation(enum.IntEnum):
+    """MPSGraphRNNActivation, with MPSGraph's numbering (also the FFI attribute's value)."""
+
+    NONE = 0
+    RELU = 1
+    TANH = 2
+    SIGMOID = 3
+    HARD_SIGMOID = 4
+
+    @classmethod
+    def parse(cls, value: Union["Activation", str, int]) -> "Activation":
+        """Accepts an Activation, its lower-case name (``"tanh"``) or its MPSGraph number."""
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, str):
+            try:
+                return cls[value.upper()]
+            except KeyError:
+                pass
+        elif isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+            try:
+                return cls(int(value))
+            except ValueError:
+                pass
+        names = ", ".join(repr(a.name.lower()) for a in cls)
+        raise ValueError(f"activation: expected one of {names} (or 0..4), got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class SingleGateRNNDescriptor:
+    """Mirror of ``MPSGraphSingleGateRNNDescriptor``: frozen and hashable.
+
+    Attributes:
+      reverse: process time backwards (ignored when ``bidirectional``).
+      bidirectional: run a forward and a backward direction and concatenate them on the
+        feature axis (``[..., :H]`` forward, ``[..., H:]`` backward).
+      training: also return ``z``, the pre-activation state the gradient op needs.
+      activation: one of :class:`Activation`; defaults to ``relu`` as
+        ``[MPSGraphSingleGateRNNDescriptor descriptor]`` does.
+    """
+
+    reverse: bool = False
+    bidirectional: bool = False
+    training: bool = False
+    activation: Activation = Activation.RELU
+
+    def __post_init__(self):
+        object.__setattr__(self, "activation", Activation.parse(self.activation))
+        for name in ("reverse", "bidirectional", "training"):
+            value = getattr(self, name)
+            if not isinstance(value, (bool, np.bool_)):
+                raise TypeError(f"{name}: expected a bool, got {value!r}")
+            object.__setattr__(self, name, bool(value))
+
+    @property
+    def directions(self) -> int:
+        return 2 if self.bidirectional else 1
+
+    def replace(self, **overrides) -> "SingleGateRNNDescriptor":
+        """A copy with the given fields replaced; ``None`` values are ignored."""
+        return dataclasses.replace(self, **{k: v for k, v in overrides.items() if v is not None})
+
+
+def resolve_descriptor(
+    descriptor: Optional[SingleGateRNNDescriptor], **overrides
+) -> SingleGateRNNDescriptor:
+    """The descriptor to use: ``descriptor`` (or the default) with keyword flags applied."""
+    if descriptor is None:
+        descriptor = SingleGateRNNDescriptor()
+    elif not isinstance(descriptor, SingleGateRNNDescriptor):
+        raise TypeError(f"descriptor: expected a SingleGateRNNDescriptor, got {descriptor!r}")
+    return descriptor.replace(**overrides)
+
+
+@dataclasses.dataclass(frozen=True)
+class Dims:
+    """Problem sizes: T steps, N batch, I source features, H hidden, D directions."""
+
+    T: int
+    N: int
+    I: int
+    H: int
+    D: int
+
+    @property
+    def state_shape(self) -> Shape:  # y, z, dy
+        return (self.T, self.N, self.D * self.H)
+
+
+FLOAT_DTYPES = (jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64)
+
+# Names the public API uses for each operand, so messages match the user's call.
+OPTIONAL_NAMES = ("input_weight", "bias", "init_state", "mask")
+
+
+def _fail(name: str, expected: str, got) -> None:
+    raise ValueError(f"{name}: expected shape {expected}, got {tuple(got)}")
+
+
+def check_shapes(
+    source: Shape,
+    recurrent_weight: Shape,
+    input_weight: Optional[Shape],
+    bias: Optional[Shape],
+    init_state: Optional[Shape],
+    mask: Optional[Shape],
+    bidirectional: bool,
+    state_shapes: Sequence[tuple[str, Shape]] = (),
+) -> Dims:
+    """Validates every operand's shape and returns the problem sizes.
+
+    ``state_shapes`` are extra operands laid out like ``y`` (the gradient op's
+    ``source_gradient`` and ``z_state``). Raises ``ValueError`` naming the argument, the
+    expected shape and the received one.
+    """
+    D = 2 if bidirectional else 1
+    if len(recurrent_weight) != (3 if bidirectional else 2):
+        _fail("recurrent_weight", "[2, H, H] (bidirectional)" if bidirectional else "[H, H]",
+              recurrent_weight)
+    H = recurrent_weight[-1]
+    if recurrent_weight[-2] != H or (bidirectional and recurrent_weight[0] != 2):
+        _fail("recurrent_weight", f"[2, {H}, {H}]" if bidirectional else f"[{H}, {H}]",
+              recurrent_weight)
+    if H < 1:
+        raise ValueError(f"recurrent_weight: hidden size H must be >= 1, got shape "
+                         f"{tuple(recurrent_weight)}")
+    if len(source) != 3:
+        _fail("source", "[T, N, I]", source)
+    T, N, I = source
+    if input_weight is None:
+        if I != D * H:
+            _fail("source", f"[T, N, {D * H}] (no input_weight: features = {D}*H)", source)
+    else:
+        if I < 1:
+            _fail("source", "[T, N, I] with I >= 1", source)
+        if tuple(input_weight) != (D * H, I):
+            _fail("input_weight", f"[{D * H}, {I}]", input_weight)
+    if bias is not None and tuple(bias) != (D * H,):
+        _fail("bias", f"[{D * H}]", bias)
+    if init_state is not None and tuple(init_state) != (N, D * H):
+        _fail("init_state", f"[{N}, {D * H}]", init_state)
+    full = (T, N, D * H)
+    if mask is not None:
+        if len(mask) > 3 or any(m not in (1, f) for m, f in zip(mask[::-1], full[::-1])):
+            _fail("mask", f"broadcastable to {list(full)}", mask)
+    for name, shape in state_shapes:
+        if tuple(shape) != full:
+            _fail(name, str(list(full)), shape)
+    return Dims(T=T, N=N, I=I, H=H, D=D)
+
+
+def check_dtypes(**arrays) -> np.dtype:
+    """The one float dtype shared by all given arrays (``None`` entries and ``mask`` excepted)."""
+    dtype = None
+    for name, a in arrays.items():
+        if a is None:
+            continue
+        dt = np.dtype(a.dtype)
+        if name == "mask":
+            if dt != np.bool_ and not jnp.issubdtype(dt, jnp.floating):
+                raise TypeError(f"mask: expected a bool or float dtype, got {dt}")
+            continue
+        if dt not in [np.dtype(d) for d in FLOAT_DTYPES]:
+            raise TypeError(f"{name}: expected float16, bfloat16, float32 or float64, got {dt}")
+        if dtype is None:
+            dtype = dt
+        elif dt != dtype:
+            raise TypeError(f"{name}: dtype {dt} does not match source's {dtype}; "
+                            "all float inputs must share one dtype")
+    return dtype

@@ -1,0 +1,188 @@
+"""Public ops: ``single_gate_rnn`` and ``single_gate_rnn_gradients`` (MPSGraph's pair).
+
+Inputs are validated here, at trace time; the primitives and their custom VJP follow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Union
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.custom_derivatives import SymbolicZero, custom_vjp_primal_tree_values
+
+from . import _lowering  # noqa: F401  (registers the lowerings)
+from ._primitives import OpConfig, forward_p, gradients_p
+from ._spec import Activation, SingleGateRNNDescriptor, check_dtypes, check_shapes
+from ._spec import resolve_descriptor
+from .reference import reference
+
+ArrayLike = jax.typing.ArrayLike
+
+
+def _prepare(source, recurrent_weight, input_weight, bias, init_state, mask, desc,
+             state_arrays=()):
+    """Validates the user's inputs; returns them as arrays with the mask normalised
+    (rank 3, input dtype, no gradient) and the op's config."""
+    arr = lambda a: None if a is None else jnp.asarray(a)
+    x, R, W, b, h0, m = map(arr, (source, recurrent_weight, input_weight, bias, init_state, mask))
+    state_arrays = [(n, arr(a)) for n, a in state_arrays]
+    dtype = check_dtypes(source=x, recurrent_weight=R, input_weight=W, bias=b, init_state=h0,
+                         mask=m, **dict(state_arrays))
+    check_shapes(x.shape, R.shape, *(None if a is None else a.shape for a in (W, b, h0, m)),
+                 desc.bidirectional, [(n, a.shape) for n, a in state_arrays])
+    if m is not None:
+        m = lax.stop_gradient(m.astype(dtype).reshape((1,) * (3 - m.ndim) + m.shape))
+    config = OpConfig.of(desc.replace(training=False), W, b, h0, m)
+    return config, x, R, W, b, h0, m, [a for _, a in state_arrays]
+
+
+def _with_training(config: OpConfig, training: bool) -> OpConfig:
+    return dataclasses.replace(config, descriptor=config.descriptor.replace(training=training))
+
+
+def _bind_forward(config, training, x, R, W, b, h0, m):
+    return forward_p.bind(x, R, *OpConfig.pack(input_weight=W, bias=b, init_state=h0, mask=m),
+                          config=_with_training(config, training))
+
+
+def _bind_gradients(config, x, R, dy, z, W, b, h0, m) -> list:
+    """The gradient primitive for one problem (a group axis of size 1 added and removed)."""
+    lead = lambda a: None if a is None else a[None]
+    out = gradients_p.bind(
+        x[None], R, dy[None], z[None],
+        *OpConfig.pack(input_weight=W, bias=b, init_state=lead(h0), mask=lead(m)), config=config)
+    return [g[0] for g in out]
+
+
+def _cotangents(config, x, R, W, b, h0, m, z, dy) -> tuple:
+    """Cotangents for (x, R, W, b, h0, mask) from the gradient op; the mask gets none."""
+    grads = iter(_bind_gradients(config, x, R, dy, z, W, b, h0, m))
+    dx, dR = next(grads), next(grads)
+    return (dx, dR, *(None if a is None else next(grads) for a in (W, b, h0)), None)
+
+
+# y only: the primal call skips z; under differentiation the forward keeps z as the residual.
+def _rnn(config, x, R, W, b, h0, m):
+    return _bind_forward(config, False, x, R, W, b, h0, m)[0]
+
+
+def _rnn_fwd(config, x, R, W, b, h0, m):
+    y, z = _bind_forward(config, True, x, R, W, b, h0, m)
+    return y, (x, R, W, b, h0, m, z)
+
+
+def _rnn_bwd(config, residuals, dy):
+    return _cotangents(config, *residuals, dy)
+
+
+_rnn = jax.custom_vjp(_rnn, nondiff_argnums=(0,))
+_rnn.defvjp(_rnn_fwd, _rnn_bwd)
+
+
+# (y, z), for training=True. MPSGraph's gradient op takes no cotangent for z, so when z itself
+# is differentiated the backward falls back to the reference's autodiff (exact, slower).
+def _rnn_with_z(config, x, R, W, b, h0, m):
+    return tuple(_bind_forward(config, True, x, R, W, b, h0, m))
+
+
+def _rnn_with_z_fwd(config, *primals):
+    x, R, W, b, h0, m = custom_vjp_primal_tree_values(primals)
+    y, z = _bind_forward(config, True, x, R, W, b, h0, m)
+    return (y, z), (x, R, W, b, h0, m, z)
+
+
+def _rnn_with_z_bwd(config, residuals, cotangents):
+    x, R, W, b, h0, m, z = residuals
+    dy, dz = (jnp.zeros(c.shape, c.dtype) if isinstance(c, SymbolicZero) else c
+              for c in cotangents)
+    if isinstance(cotangents[1], SymbolicZero):
+        return _cotangents(config, x, R, W, b, h0, m, z, dy)
+    desc = config.descriptor.replace(training=True)
+    _, vjp = jax.vjp(lambda *a: reference(*a, mask=m, descriptor=desc), x, R, W, b, h0)
+    return (*vjp((dy, dz)), None)
+
+
+_rnn_with_z = jax.custom_vjp(_rnn_with_z, nondiff_argnums=(0,))
+_rnn_with_z.defvjp(_rnn_with_z_fwd, _rnn_with_z_bwd, symbolic_zeros=True)
+
+
+def single_gate_rnn(
+    source: ArrayLike,
+    recurrent_weight: ArrayLike,
+    input_weight: Optional[ArrayLike] = None,
+    bias: Optional[ArrayLike] = None,
+    init_state: Optional[ArrayLike] = None,
+    mask: Optional[ArrayLike] = None,
+    descriptor: Optional[SingleGateRNNDescriptor] = None,
+    *,
+    reverse: Optional[bool] = None,
+    bidirectional: Optional[bool] = None,
+    training: Optional[bool] = None,
+    activation: Union[Activation, str, int, None] = None,
+):
+    """MPSGraph's ``singleGateRNN``: ``z[k] = x'[t(k)] + (h[k-1] * m[k]) R^T``, ``h = act(z)``.
+
+    Args:
+      source: ``x``, ``[T, N, I]`` (``[T, N, D*H]`` without ``input_weight``).
+      recurrent_weight: ``R``, ``[H, H]``, or ``[2, H, H]`` when bidirectional.
+      input_weight: ``W``, ``[D*H, I]``; missing means no input projection at all.
+      bias: ``b``, ``[D*H]``; missing means zeros.
+      init_state: ``h0``, ``[N, D*H]``; missing means zeros.
+      mask: broadcastable to ``[T, N, D*H]``, multiplies the recurrent input ``h[k-1]``;
+        indexed by processing step; a constant (no gradient flows to it). Bool or float.
+      descriptor: a :class:`SingleGateRNNDescriptor`; the keyword flags override its fields.
+
+    Returns:
+      ``y`` of shape ``[T, N, D*H]``, or ``(y, z)`` when ``training`` (``z`` is the
+      pre-activation "zState" that :func:`single_gate_rnn_gradients` takes).
+
+    Differentiable with ``jax.grad`` (the backward is the gradient op) and batchable with
+    ``jax.vmap``. Raises ``ValueError``/``TypeError`` on bad shapes or dtypes.
+    """
+    desc = resolve_descriptor(descriptor, reverse=reverse, bidirectional=bidirectional,
+                              training=training, activation=activation)
+    config, x, R, W, b, h0, m, _ = _prepare(source, recurrent_weight, input_weight, bias,
+                                            init_state, mask, desc)
+    if desc.training:
+        return _rnn_with_z(config, x, R, W, b, h0, m)
+    return _rnn(config, x, R, W, b, h0, m)
+
+
+def single_gate_rnn_gradients(
+    source: ArrayLike,
+    recurrent_weight: ArrayLike,
+    source_gradient: ArrayLike,
+    z_state: ArrayLike,
+    input_weight: Optional[ArrayLike] = None,
+    bias: Optional[ArrayLike] = None,
+    init_state: Optional[ArrayLike] = None,
+    mask: Optional[ArrayLike] = None,
+    descriptor: Optional[SingleGateRNNDescriptor] = None,
+    *,
+    reverse: Optional[bool] = None,
+    bidirectional: Optional[bool] = None,
+    training: Optional[bool] = None,
+    activation: Union[Activation, str, int, None] = None,
+) -> list:
+    """MPSGraph's ``singleGateRNNGradients``.
+
+    Args:
+      source, recurrent_weight, input_weight, bias, init_state, mask, descriptor: as given to
+        :func:`single_gate_rnn`.
+      source_gradient: ``dL/dy``, laid out like ``y``.
+      z_state: the ``z`` returned by :func:`single_gate_rnn` with ``training=True``.
+
+    Returns:
+      ``[d source, d recurrent_weight]`` followed by ``d input_weight``, ``d bias`` and
+      ``d init_state`` for those given, in that order (MPSGraph's list). No gradient is
+      returned for the mask. ``d bias`` has the bias's shape.
+    """
+    desc = resolve_descriptor(descriptor, reverse=reverse, bidirectional=bidirectional,
+                              training=training, activation=activation)
+    config, x, R, W, b, h0, m, (dy, z) = _prepare(
+        source, recurrent_weight, input_weight, bias, init_state, mask, desc,
+        state_arrays=(("source_gradient", source_gradient), ("z_state", z_state)))
+    return _bind_gradients(config, x, R, dy, z, W, b, h0, m)

@@ -1,0 +1,181 @@
+"""Pure ``lax.scan`` implementation of the single-gate RNN: the oracle for every backend.
+
+:func:`reference` is differentiable by JAX's own autodiff; :func:`reference_gradients` is the
+gradient op written out as backpropagation through time (the spec's equations), which is
+also what the op lowers to on platforms without a native handler.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from ._spec import Activation, Dims, SingleGateRNNDescriptor, check_dtypes, check_shapes
+from ._spec import resolve_descriptor
+
+_HIGHEST = lax.Precision.HIGHEST
+
+
+def activate(activation: Activation, z):
+    """act(z) for one of the five MPSGraph activations."""
+    if activation == Activation.NONE:
+        return z
+    if activation == Activation.RELU:
+        return jnp.maximum(z, 0)
+    if activation == Activation.TANH:
+        return jnp.tanh(z)
+    if activation == Activation.SIGMOID:
+        return jax.nn.sigmoid(z)
+    return jnp.clip(0.2 * z + 0.5, 0, 1)
+
+
+def activate_grad(activation: Activation, z):
+    """act'(z), with the spec's choices at the kinks (relu' (0) = 0, hard sigmoid open interval)."""
+    one, zero = jnp.ones_like(z), jnp.zeros_like(z)
+    if activation == Activation.NONE:
+        return one
+    if activation == Activation.RELU:
+        return jnp.where(z > 0, one, zero)
+    if activation == Activation.TANH:
+        t = jnp.tanh(z)
+        return 1 - t * t
+    if activation == Activation.SIGMOID:
+        s = jax.nn.sigmoid(z)
+        return s * (1 - s)
+    return jnp.where((z > -2.5) & (z < 2.5), 0.2 * one, zero)
+
+
+def compute_dtype(dtype):
+    """float16 and bfloat16 are computed in float32 and stored back in their own dtype."""
+    return jnp.float32 if jnp.dtype(dtype).itemsize < 4 else dtype
+
+
+def direction_layout(descriptor: SingleGateRNNDescriptor, direction: int) -> tuple[bool, bool]:
+    """(consumes source reversed, stores outputs time-flipped) for one direction.
+
+    Forward direction: neither. Unidirectional ``reverse``: reads x[T-1-k] at step k but keeps
+    outputs in processing order. Backward half of a bidirectional RNN: reads reversed and
+    flips its outputs back to source time.
+    """
+    if direction == 1:
+        return True, True
+    return descriptor.reverse and not descriptor.bidirectional, False
+
+
+def _matmul_t(a, w):
+    """a @ w^T over the last axis of a, at full precision."""
+    return jnp.einsum("...j,hj->...h", a, w, precision=_HIGHEST)
+
+
+def _halves(a, dims: Dims):
+    """Splits the last axis into the D direction halves."""
+    return [a[..., d * dims.H:(d + 1) * dims.H] for d in range(dims.D)]
+
+
+def _prepare(source, recurrent_weight, input_weight, bias, init_state, mask, descriptor,
+             state_shapes=()):
+    """Validates, casts to the compute dtype and fills in the defaults of missing inputs."""
+    dtype = check_dtypes(source=source, recurrent_weight=recurrent_weight,
+                         input_weight=input_weight, bias=bias, init_state=init_state, mask=mask,
+                         **dict(state_shapes))
+    dims = check_shapes(source.shape, recurrent_weight.shape,
+                        None if input_weight is None else input_weight.shape,
+                        None if bias is None else bias.shape,
+                        None if init_state is None else init_state.shape,
+                        None if mask is None else mask.shape, descriptor.bidirectional,
+                        [(n, a.shape) for n, a in state_shapes])
+    cdt = compute_dtype(dtype)
+    cast = lambda a: None if a is None else jnp.asarray(a).astype(cdt)
+    R = cast(recurrent_weight).reshape(dims.D, dims.H, dims.H)
+    h0 = (jnp.zeros((dims.N, dims.D * dims.H), cdt) if init_state is None else cast(init_state))
+    m = (jnp.ones(dims.state_shape, cdt) if mask is None
+         else jnp.broadcast_to(cast(lax.stop_gradient(mask)), dims.state_shape))
+    return dtype, dims, cast, R, h0, m
+
+
+def reference(source, recurrent_weight, input_weight=None, bias=None, init_state=None,
+              mask=None, descriptor: Optional[SingleGateRNNDescriptor] = None, *,
+              reverse: Optional[bool] = None, bidirectional: Optional[bool] = None,
+              training: Optional[bool] = None, activation=None):
+    """Single-gate RNN forward with ``lax.scan``; same signature as ``single_gate_rnn``.
+
+    Returns ``y``, or ``(y, z)`` when ``training``.
+    """
+    desc = resolve_descriptor(descriptor, reverse=reverse, bidirectional=bidirectional,
+                              training=training, activation=activation)
+    dtype, dims, cast, R, h0, m = _prepare(source, recurrent_weight, input_weight, bias,
+                                           init_state, mask, desc)
+    x = cast(source)
+    xp = x if input_weight is None else _matmul_t(x, cast(input_weight))
+    if bias is not None:
+        xp = xp + cast(bias)
+
+    zs = []
+    for d, (xp_d, h0_d, m_d) in enumerate(zip(_halves(xp, dims), _halves(h0, dims),
+                                              _halves(m, dims))):
+        read_reversed, store_flipped = direction_layout(desc, d)
+
+        def step(h, inputs, R_d=R[d]):
+            x_k, m_k = inputs
+            z_k = x_k + _matmul_t(h * m_k, R_d)
+            return activate(desc.activation, z_k), z_k
+
+        _, z_d = lax.scan(step, h0_d, (xp_d[::-1] if read_reversed else xp_d, m_d))
+        zs.append(z_d[::-1] if store_flipped else z_d)
+    z = jnp.concatenate(zs, axis=-1)
+    y = activate(desc.activation, z)
+    if desc.training:
+        return y.astype(dtype), z.astype(dtype)
+    return y.astype(dtype)
+
+
+def reference_gradients(source, recurrent_weight, source_gradient, z_state, input_weight=None,
+                        bias=None, init_state=None, mask=None,
+                        descriptor: Optional[SingleGateRNNDescriptor] = None, *,
+                        reverse: Optional[bool] = None, bidirectional: Optional[bool] = None,
+                        training: Optional[bool] = None, activation=None) -> list:
+    """The gradient op as explicit backpropagation through time (spec, "Gradient op").
+
+    Returns ``[d source, d recurrent_weight]`` followed by ``d input_weight``, ``d bias`` and
+    ``d init_state`` for those given, in that order.
+    """
+    desc = resolve_descriptor(descriptor, reverse=reverse, bidirectional=bidirectional,
+                              training=training, activation=activation)
+    dtype, dims, cast, R, h0, m = _prepare(
+        source, recurrent_weight, input_weight, bias, init_state, mask, desc,
+        state_shapes=(("source_gradient", source_gradient), ("z_state", z_state)))
+    x, g, z = cast(source), cast(source_gradient), cast(z_state)
+
+    dxps, dRs, dh0s = [], [], []
+    for d, (g_d, z_d, h0_d, m_d) in enumerate(zip(_halves(g, dims), _halves(z, dims),
+                                                  _halves(h0, dims), _halves(m, dims))):
+        read_reversed, store_flipped = direction_layout(desc, d)
+        if store_flipped:  # to processing order
+            g_d, z_d = g_d[::-1], z_d[::-1]
+        h_prev = jnp.concatenate([h0_d[None], activate(desc.activation, z_d)])[:dims.T]
+
+        def step(carry, inputs, R_d=R[d]):
+            g_k, z_k, m_k = inputs
+            dz_k = (g_k + carry) * activate_grad(desc.activation, z_k)
+            return jnp.matmul(dz_k, R_d, precision=_HIGHEST) * m_k, dz_k
+
+        dh0_d, dz = lax.scan(step, jnp.zeros_like(h0_d), (g_d, z_d, m_d), reverse=True)
+        dRs.append(jnp.einsum("tnh,tnk->hk", dz, h_prev * m_d, precision=_HIGHEST))
+        dxps.append(dz[::-1] if read_reversed else dz)  # to source time
+        dh0s.append(dh0_d)
+    dxp = jnp.concatenate(dxps, axis=-1)
+
+    dR = jnp.stack(dRs) if desc.bidirectional else dRs[0]
+    if input_weight is None:
+        grads = [dxp, dR]
+    else:
+        grads = [jnp.einsum("tnh,hi->tni", dxp, cast(input_weight), precision=_HIGHEST), dR,
+                 jnp.einsum("tnh,tni->hi", dxp, x, precision=_HIGHEST)]
+    if bias is not None:
+        grads.append(dxp.sum(axis=(0, 1)))
+    if init_state is not None:
+        grads.append(jnp.concatenate(dh0s, axis=-1))
+    return [gr.astype(dtype) for gr in grads]
