@@ -6,7 +6,8 @@
 
 #include "cblas.h"  // scipy-openblas32: symbols carry a scipy_ prefix
 
-namespace sgrnn::cpu {
+// SGRNN_ISA names the instruction-set build this translation unit is (see kernels.h).
+namespace sgrnn::cpu::SGRNN_ISA {
 namespace {
 
 // Row-major C = alpha op(A) op(B) + beta C.
@@ -115,7 +116,7 @@ void Gradients(const Config& c, const Dims& d, const GradientArgs<T>& a) {
   std::vector<T> dz_storage(a.W ? rows * DH : 0);
   T* dz = a.W ? dz_storage.data() : a.dx;
   // hm[slot(k)] = h[k-1] * m[k], the recurrent input of step k, for dR in one product.
-  std::vector<T> hm(rows * H), carry(N * H), mask_block;
+  std::vector<T> hm((rows + N) * H), carry(N * H), mask_block;
   if (a.mask.data) mask_block.resize(N * H);
 
   for (int64_t dir = 0; dir < d.D; ++dir) {
@@ -137,20 +138,23 @@ void Gradients(const Config& c, const Dims& d, const GradientArgs<T>& a) {
       const T* dy_k = a.dy + slot * N * DH + col;
       const T* z_k = a.z + slot * N * DH + col;
       T* dz_k = dz + slot * N * DH + col;
-      // h[k] feeds step k+1: store it (masked by m[k+1]) while act(z[k]) is at hand.
-      T* hm_next = k + 1 < d.T ? hm.data() + layout.Slot(k + 1, d.T) * N * H : nullptr;
-      const bool mask_next = hm_next && a.mask.data;
-      if (mask_next) a.mask.Expand(k + 1, col, N, H, mask_block.data());
+      // h[k] feeds step k+1: store it while act(z[k]) is at hand (the last step's goes to
+      // the spare slot at the end, which keeps the loop free of branches).
+      T* hm_next = hm.data() + (k + 1 < d.T ? layout.Slot(k + 1, d.T) : d.T) * N * H;
+      const T* carry_k = carry.data();
       DispatchActivation(c.activation, [&]<Activation A>() {
         for (int64_t n = 0; n < N; ++n) {
           for (int64_t j = 0; j < H; ++j) {
             const T zv = z_k[n * DH + j];
             const T h = Activate<A>(zv);
-            dz_k[n * DH + j] = (dy_k[n * DH + j] + carry[n * H + j]) * ActivateGrad<A>(zv, h);
-            if (hm_next) hm_next[n * H + j] = mask_next ? h * mask_block[n * H + j] : h;
+            dz_k[n * DH + j] = (dy_k[n * DH + j] + carry_k[n * H + j]) * ActivateGrad<A>(zv, h);
+            hm_next[n * H + j] = h;
           }
         }
       });
+      if (a.mask.data && k + 1 < d.T) {
+        MaskRows(a.mask, k + 1, col, d, hm_next, H, mask_block.data(), hm_next);
+      }
       if (k == 0 && !a.dh0) break;
       Gemm(false, false, N, H, H, T(1), dz_k, DH, R, H, T(0), carry.data(), H);
       if (a.mask.data) MaskRows(a.mask, k, col, d, carry.data(), H, mask_block.data(),
@@ -183,4 +187,4 @@ template void Forward<double>(const Config&, const Dims&, const ForwardArgs<doub
 template void Gradients<float>(const Config&, const Dims&, const GradientArgs<float>&);
 template void Gradients<double>(const Config&, const Dims&, const GradientArgs<double>&);
 
-}  // namespace sgrnn::cpu
+}  // namespace sgrnn::cpu::SGRNN_ISA

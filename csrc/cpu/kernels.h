@@ -1,5 +1,8 @@
 // CPU math of the single-gate RNN on raw row-major pointers, free of XLA: the handlers in
-// ffi_cpu.cc validate buffers and call these. Matrix products go to OpenBLAS.
+// ffi_cpu.cc validate buffers and call these. Matrix products go to OpenBLAS (which picks its
+// own kernels at run time); the elementwise loops are ours, so kernels.cc is compiled once per
+// x86-64 level (baseline, v3 = AVX2/FMA, v4 = AVX-512) and dispatch.cc runs the best one the
+// CPU supports.
 #ifndef JAX_SGRNN_CPU_KERNELS_H_
 #define JAX_SGRNN_CPU_KERNELS_H_
 
@@ -42,6 +45,21 @@ struct GradientArgs {
 // Backpropagation through time for one problem (spec, "Gradient op").
 template <typename T>
 void Gradients(const Config& c, const Dims& d, const GradientArgs<T>& a);
+
+// The per-instruction-set builds of kernels.cc that the two functions above dispatch to.
+#define SGRNN_DECLARE_ISA_KERNELS(isa)                                          \
+  namespace isa {                                                               \
+  template <typename T>                                                         \
+  void Forward(const Config& c, const Dims& d, const ForwardArgs<T>& a);        \
+  template <typename T>                                                         \
+  void Gradients(const Config& c, const Dims& d, const GradientArgs<T>& a);     \
+  }
+SGRNN_DECLARE_ISA_KERNELS(baseline)
+#if defined(SGRNN_X86_ISAS)
+SGRNN_DECLARE_ISA_KERNELS(x86_64_v3)
+SGRNN_DECLARE_ISA_KERNELS(x86_64_v4)
+#endif
+#undef SGRNN_DECLARE_ISA_KERNELS
 
 }  // namespace sgrnn::cpu
 

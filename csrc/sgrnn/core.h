@@ -103,7 +103,8 @@ inline float FastTanh(float x) {
   q = q * x2 + 1.18534705686654e-04f;
   q = q * x2 + 2.26843463243900e-03f;
   q = q * x2 + 4.89352518554385e-03f;
-  return std::abs(x) < 0.0004f ? x : p / q;
+  const float ratio = p / q;  // computed unconditionally so the select below vectorises
+  return std::abs(x) < 0.0004f ? x : ratio;
 }
 inline double FastTanh(double x) { return std::tanh(x); }
 
@@ -125,7 +126,7 @@ inline T ActivateGrad(T z, T h) {  // h = Activate<A>(z)
   if constexpr (A == Activation::kTanh) return T(1) - h * h;
   if constexpr (A == Activation::kSigmoid) return h * (T(1) - h);
   if constexpr (A == Activation::kHardSigmoid)
-    return (z > T(-2.5) && z < T(2.5)) ? T(0.2) : T(0);
+    return ((z > T(-2.5)) & (z < T(2.5))) ? T(0.2) : T(0);
 }
 
 // Calls f.template operator()<A>() with the activation as a compile-time constant, so each

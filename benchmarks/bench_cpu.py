@@ -1,0 +1,139 @@
+"""CPU benchmark: jax_sgrnn's custom call vs the jitted lax.scan reference vs PyTorch nn.RNN.
+
+All three run in this one process on the same shapes: tanh, with input weight, bias and
+initial state, float32. Forward, and forward+backward (gradients for every input). Reports
+the median of --repeats timed runs after warm-up, GFLOP/s and the op's speedup ratios.
+
+    python benchmarks/bench_cpu.py               # the issue's five shapes
+    python benchmarks/bench_cpu.py --shapes 100,16,64,64 --repeats 50
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jax_sgrnn
+
+DEFAULT_SHAPES = ["100,32,256,256", "200,64,512,512", "1000,8,128,128", "50,256,256,256",
+                  "100,16,64,64"]
+
+
+def median_seconds(fn, repeats: int, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def jax_timers(rnn, x, R, W, b, h0, c):
+    """(forward, forward+backward) callables that block until done."""
+    fwd = jax.jit(lambda x, R, W, b, h0: rnn(x, R, W, b, h0, activation="tanh"))
+    loss = lambda *a: jnp.sum(rnn(*a, activation="tanh") * c)
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3, 4)))
+    args = (x, R, W, b, h0)
+    return (lambda: fwd(*args).block_until_ready(),
+            lambda: jax.block_until_ready(grad(*args)))
+
+
+def torch_timers(x, R, W, b, h0, c):
+    import torch
+
+    T, N, I = x.shape
+    H = R.shape[0]
+    rnn = torch.nn.RNN(I, H, nonlinearity="tanh")
+    with torch.no_grad():
+        rnn.weight_ih_l0.copy_(torch.from_numpy(np.asarray(W)))
+        rnn.weight_hh_l0.copy_(torch.from_numpy(np.asarray(R)))
+        rnn.bias_ih_l0.copy_(torch.from_numpy(np.asarray(b)))
+        rnn.bias_hh_l0.zero_()
+    xt = torch.from_numpy(np.asarray(x)).requires_grad_(True)
+    h0t = torch.from_numpy(np.asarray(h0))[None].requires_grad_(True)
+    ct = torch.from_numpy(np.asarray(c))
+
+    def fwd():
+        with torch.no_grad():
+            rnn(xt, h0t)
+
+    def fwd_bwd():
+        rnn.zero_grad(set_to_none=True)
+        xt.grad = h0t.grad = None
+        y, _ = rnn(xt, h0t)
+        y.backward(ct)
+
+    return fwd, fwd_bwd, (torch.__version__, torch.get_num_threads())
+
+
+def main(argv=None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", nargs="+", default=DEFAULT_SHAPES, help="T,N,I,H ...")
+    parser.add_argument("--repeats", type=int, default=10, help="timed runs per measurement")
+    parser.add_argument("--no-torch", action="store_true", help="skip PyTorch")
+    parser.add_argument("--json", help="also write the rows to this file")
+    args = parser.parse_args(argv)
+    if "cpu" not in jax_sgrnn.NATIVE_PLATFORMS:
+        raise SystemExit("jax_sgrnn's CPU handler did not load: nothing native to measure")
+    try:
+        if args.no_torch:
+            raise ImportError
+        import torch  # noqa: F401
+        have_torch = True
+    except ImportError:
+        have_torch = False
+
+    print(f"jax {jax.__version__} on {platform.processor() or platform.machine()}, "
+          f"{jax.devices()[0].device_kind}; median of {args.repeats} after warm-up; float32")
+    rows = []
+    header = (f"{'T,N,I,H':>16} {'pass':>8} {'op ms':>9} {'scan ms':>9} {'torch ms':>9} "
+              f"{'op GF/s':>8} {'vs scan':>8} {'vs torch':>8}")
+    print(header)
+    for spec in args.shapes:
+        T, N, I, H = map(int, spec.split(","))
+        rng = np.random.default_rng(0)
+        bound = 1 / np.sqrt(H)
+        f32 = lambda *s, scale=1.0: jnp.asarray(rng.uniform(-scale, scale, s), jnp.float32)
+        x, c = f32(T, N, I), f32(T, N, H)
+        R, W, b, h0 = f32(H, H, scale=bound), f32(H, I, scale=bound), f32(H, scale=bound), \
+            f32(N, H)
+        flops_fwd = 2.0 * T * N * H * (I + H)
+        timers = {
+            "op": jax_timers(jax_sgrnn.single_gate_rnn, x, R, W, b, h0, c),
+            "scan": jax_timers(jax_sgrnn.reference, x, R, W, b, h0, c),
+        }
+        torch_info = None
+        if have_torch:
+            *pair, torch_info = torch_timers(x, R, W, b, h0, c)
+            timers["torch"] = pair
+        for i, (name, flops) in enumerate((("fwd", flops_fwd), ("fwd+bwd", 3 * flops_fwd))):
+            t = {k: median_seconds(v[i], args.repeats) for k, v in timers.items()}
+            row = dict(shape=[T, N, I, H], pass_=name, **{f"{k}_ms": 1e3 * s for k, s in t.items()},
+                       op_gflops=flops / t["op"] / 1e9, speedup_vs_scan=t["scan"] / t["op"])
+            if "torch" in t:
+                row["speedup_vs_torch"] = t["torch"] / t["op"]
+            rows.append(row)
+            torch_ms = f"{row['torch_ms']:9.2f}" if "torch" in t else f"{'-':>9}"
+            vs_torch = f"{row['speedup_vs_torch']:7.2f}x" if "torch" in t else f"{'-':>8}"
+            print(f"{spec:>16} {name:>8} {row['op_ms']:9.2f} {row['scan_ms']:9.2f} {torch_ms} "
+                  f"{row['op_gflops']:8.1f} {row['speedup_vs_scan']:7.2f}x {vs_torch}",
+                  flush=True)
+    if torch_info:
+        print(f"torch {torch_info[0]}, {torch_info[1]} threads")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return rows
+
+
+if __name__ == "__main__":
+    main()

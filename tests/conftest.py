@@ -1,0 +1,195 @@
+"""Shared helpers for the jax_sgrnn test suite.
+
+Everything runs on CPU. float64 is enabled globally so the op can be compared with the
+``lax.scan`` reference to ~1e-10; float32/float16/bfloat16 are exercised by explicit dtype.
+"""
+
+from __future__ import annotations
+
+import itertools
+import zlib
+from typing import Optional
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+jax.config.update("jax_platforms", "cpu")
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+import jax_sgrnn  # noqa: E402
+
+ACTIVATIONS = ("none", "relu", "tanh", "sigmoid", "hard_sigmoid")
+#: The inputs a gradient is taken for (the mask is a constant: no gradient).
+DIFF_NAMES = ("source", "recurrent_weight", "input_weight", "bias", "init_state")
+#: (input_weight, bias, init_state) present/absent: all 8 patterns.
+OPTIONAL_PATTERNS = tuple(itertools.product((False, True), repeat=3))
+#: Mask variants: absent, a full-shape bool mask, a full-shape float mask.
+MASK_KINDS = (None, "bool", "float")
+
+requires_native = pytest.mark.skipif(
+    "cpu" not in jax_sgrnn.NATIVE_PLATFORMS,
+    reason="jax_sgrnn's native CPU handler did not load (NATIVE_PLATFORMS lacks 'cpu'), so "
+           "the op lowers to its lax.scan decomposition and no custom call is emitted")
+
+# Tolerances (rtol, atol) per dtype for op-vs-reference comparisons; atol is scaled by the
+# magnitude of the expected value in assert_close.
+TOLERANCES = {
+    np.dtype(np.float64): (1e-10, 1e-12),
+    np.dtype(np.float32): (1e-5, 1e-5),
+    np.dtype(jnp.float16): (1e-2, 1e-2),
+    np.dtype(jnp.bfloat16): (5e-2, 5e-2),
+}
+
+
+def pattern_id(pattern) -> str:
+    w, b, h = pattern
+    return "".join(s for s, here in (("W", w), ("b", b), ("h0", h)) if here) or "bare"
+
+
+def flags_id(activation, reverse, bidirectional) -> str:
+    return f"{activation}-{'rev' if reverse else 'fwd'}-{'bi' if bidirectional else 'uni'}"
+
+
+@pytest.fixture
+def rng(request) -> np.random.Generator:
+    """A generator seeded from the test's id: fresh data per test, reproducible per run."""
+    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+
+
+def random_array(rng, shape, dtype, scale=1.0):
+    """Normal(0, scale) data, never all zeros."""
+    a = rng.normal(size=shape) * scale
+    return jnp.asarray(a.astype(np.float64)).astype(dtype)
+
+
+def make_mask(rng, shape, kind, dtype):
+    """A mask of ``shape``: ``"bool"`` (about 70% True) or ``"float"`` (values in [0, 1.5))."""
+    if kind == "bool":
+        return jnp.asarray(rng.random(size=shape) < 0.7)
+    if kind == "float":
+        return jnp.asarray(rng.random(size=shape) * 1.5).astype(dtype)
+    raise ValueError(kind)
+
+
+def make_inputs(rng, T=4, N=3, I=3, H=5, *, bidirectional=False, input_weight=True,
+                bias=True, init_state=True, mask=None, mask_shape=None,
+                dtype=jnp.float64) -> dict:
+    """The op's inputs as a dict of keyword arguments (absent optionals are ``None``).
+
+    Without ``input_weight`` the source has D*H features (as the op requires). ``mask`` is
+    None, ``"bool"`` or ``"float"``; ``mask_shape`` defaults to the full [T, N, D*H].
+    R is scaled by 0.5/sqrt(H) so states stay O(1).
+    """
+    D = 2 if bidirectional else 1
+    feat = I if input_weight else D * H
+    r_shape = (2, H, H) if bidirectional else (H, H)
+    out = dict(
+        source=random_array(rng, (T, N, feat), dtype),
+        recurrent_weight=random_array(rng, r_shape, dtype, 0.5 / np.sqrt(H)),
+        input_weight=random_array(rng, (D * H, I), dtype, 1.0 / np.sqrt(I))
+        if input_weight else None,
+        bias=random_array(rng, (D * H,), dtype, 0.5) if bias else None,
+        init_state=random_array(rng, (N, D * H), dtype) if init_state else None,
+        mask=None,
+    )
+    if mask is not None:
+        out["mask"] = make_mask(rng, mask_shape or (T, N, D * H), mask, dtype)
+    return out
+
+
+def out_shape(inputs: dict, bidirectional: bool) -> tuple:
+    T, N, _ = inputs["source"].shape
+    H = inputs["recurrent_weight"].shape[-1]
+    return (T, N, (2 if bidirectional else 1) * H)
+
+
+def diff_inputs(inputs: dict) -> dict:
+    """The present differentiable inputs."""
+    return {n: inputs[n] for n in DIFF_NAMES if inputs[n] is not None}
+
+
+def value_and_grads(fn, inputs: dict, cotangent, flags: dict, jit=True):
+    """``(y, grads)`` where grads = d/d(inputs) of ``sum(fn(**inputs) * cotangent)`` for every
+    present differentiable input (a dict keyed by argument name)."""
+
+    def run(inputs, cotangent):
+        def loss(diff):
+            return jnp.sum(fn(**{**inputs, **diff}, **flags).astype(cotangent.dtype)
+                           * cotangent)
+
+        return fn(**inputs, **flags), jax.grad(loss)(diff_inputs(inputs))
+
+    return (jax.jit(run) if jit else run)(inputs, cotangent)
+
+
+def _as_f64(a):
+    return np.asarray(jnp.asarray(a).astype(jnp.float64))
+
+
+def assert_close(actual, expected, dtype=None, rtol=None, atol=None, err_msg=""):
+    """allclose on pytrees, with per-dtype default tolerances; atol is scaled by max|expected|."""
+    actual_leaves, actual_tree = jax.tree.flatten(actual)
+    expected_leaves, expected_tree = jax.tree.flatten(expected)
+    assert actual_tree == expected_tree, f"{err_msg}: tree {actual_tree} != {expected_tree}"
+    for i, (a, e) in enumerate(zip(actual_leaves, expected_leaves)):
+        assert a.shape == e.shape, f"{err_msg}[{i}]: shape {a.shape} != {e.shape}"
+        d = np.dtype(dtype if dtype is not None else e.dtype)
+        rt, at = TOLERANCES[d]
+        rt = rtol if rtol is not None else rt
+        at = atol if atol is not None else at
+        e64 = _as_f64(e)
+        scale = max(1.0, float(np.max(np.abs(e64)))) if e64.size else 1.0
+        np.testing.assert_allclose(_as_f64(a), e64, rtol=rt, atol=at * scale,
+                                   err_msg=f"{err_msg} leaf {i}")
+
+
+def tree_names(tree: dict) -> list:
+    return sorted(tree)
+
+
+@pytest.fixture
+def make(rng):
+    """``make(**kw)``: make_inputs bound to this test's generator."""
+    return lambda *a, **kw: make_inputs(rng, *a, **kw)
+
+
+def spec_numpy_forward(source, recurrent_weight, input_weight=None, bias=None, init_state=None,
+                       mask=None, *, activation="relu", reverse=False, bidirectional=False):
+    """The spec's forward written as plain numpy loops (float64): an oracle independent of
+    jax_sgrnn's code. Returns (y, z)."""
+    act = {
+        "none": lambda z: z,
+        "relu": lambda z: np.maximum(z, 0),
+        "tanh": np.tanh,
+        "sigmoid": lambda z: 1 / (1 + np.exp(-z)),
+        "hard_sigmoid": lambda z: np.clip(0.2 * z + 0.5, 0, 1),
+    }[activation]
+    x = _as_f64(source)
+    T, N, _ = x.shape
+    D = 2 if bidirectional else 1
+    H = recurrent_weight.shape[-1]
+    Rs = _as_f64(recurrent_weight).reshape(D, H, H)
+    xp = x if input_weight is None else x @ _as_f64(input_weight).T
+    if bias is not None:
+        xp = xp + _as_f64(bias)
+    h0 = np.zeros((N, D * H)) if init_state is None else _as_f64(init_state)
+    m = np.ones((T, N, D * H)) if mask is None else np.broadcast_to(_as_f64(mask),
+                                                                        (T, N, D * H))
+    y = np.zeros((T, N, D * H))
+    z = np.zeros((T, N, D * H))
+    for d in range(D):
+        cols = slice(d * H, (d + 1) * H)
+        backward_half = d == 1
+        read_reversed = backward_half or (reverse and not bidirectional)
+        h = h0[:, cols]
+        for k in range(T):
+            t_in = T - 1 - k if read_reversed else k
+            zk = xp[t_in, :, cols] + (h * m[k, :, cols]) @ Rs[d].T
+            h = act(zk)
+            t_out = T - 1 - k if backward_half else k
+            z[t_out, :, cols] = zk
+            y[t_out, :, cols] = h
+    return y, z
