@@ -23,30 +23,30 @@ Isa BestIsa() {
 }  // namespace
 
 template <typename T>
-void Forward(const Config& c, const Dims& d, const ForwardArgs<T>& a) {
+void Forward(const Executor& ex, const Config& c, const Dims& d, const ForwardArgs<T>& a) {
   switch (BestIsa()) {
 #if defined(SGRNN_X86_ISAS)
-    case Isa::kX86_64_V4: return x86_64_v4::Forward(c, d, a);
-    case Isa::kX86_64_V3: return x86_64_v3::Forward(c, d, a);
+    case Isa::kX86_64_V4: return x86_64_v4::Forward(ex, c, d, a);
+    case Isa::kX86_64_V3: return x86_64_v3::Forward(ex, c, d, a);
 #endif
-    default: return baseline::Forward(c, d, a);
+    default: return baseline::Forward(ex, c, d, a);
   }
 }
 
 template <typename T>
-void Gradients(const Config& c, const Dims& d, const GradientArgs<T>& a) {
+void Gradients(const Executor& ex, const Config& c, const Dims& d, const GradientArgs<T>& a) {
   switch (BestIsa()) {
 #if defined(SGRNN_X86_ISAS)
-    case Isa::kX86_64_V4: return x86_64_v4::Gradients(c, d, a);
-    case Isa::kX86_64_V3: return x86_64_v3::Gradients(c, d, a);
+    case Isa::kX86_64_V4: return x86_64_v4::Gradients(ex, c, d, a);
+    case Isa::kX86_64_V3: return x86_64_v3::Gradients(ex, c, d, a);
 #endif
-    default: return baseline::Gradients(c, d, a);
+    default: return baseline::Gradients(ex, c, d, a);
   }
 }
 
-template void Forward<float>(const Config&, const Dims&, const ForwardArgs<float>&);
-template void Forward<double>(const Config&, const Dims&, const ForwardArgs<double>&);
-template void Gradients<float>(const Config&, const Dims&, const GradientArgs<float>&);
-template void Gradients<double>(const Config&, const Dims&, const GradientArgs<double>&);
+template void Forward<float>(const Executor&, const Config&, const Dims&, const ForwardArgs<float>&);
+template void Forward<double>(const Executor&, const Config&, const Dims&, const ForwardArgs<double>&);
+template void Gradients<float>(const Executor&, const Config&, const Dims&, const GradientArgs<float>&);
+template void Gradients<double>(const Executor&, const Config&, const Dims&, const GradientArgs<double>&);
 
 }  // namespace sgrnn::cpu

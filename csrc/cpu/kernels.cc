@@ -10,7 +10,7 @@
 namespace sgrnn::cpu::SGRNN_ISA {
 namespace {
 
-// Row-major C = alpha op(A) op(B) + beta C.
+// Row-major C = alpha op(A) op(B) + beta C, on the calling thread.
 void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
           const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
           int64_t ldc) {
@@ -27,6 +27,33 @@ void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double al
   scipy_cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
                     trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, beta,
                     c, ldc);
+}
+
+// Below this many multiply-adds, splitting work across threads costs more than it saves
+// (a wake-up is a few microseconds; this is ~10 us of single-core work).
+constexpr int64_t kMinParallelMacs = int64_t{1} << 20;
+
+// Splits [0, n) into contiguous ranges, one per thread when `macs` is worth it, and runs
+// body(begin, end) on each.
+template <typename F>
+void ForRanges(const Executor& ex, int64_t n, int64_t macs, F&& body) {
+  const int64_t parts = macs >= kMinParallelMacs ? std::min(ex.width(), n) : 1;
+  if (parts <= 1) {
+    body(int64_t{0}, n);
+    return;
+  }
+  ex.ForEach(parts, [&](int64_t p) { body(n * p / parts, n * (p + 1) / parts); });
+}
+
+// Gemm with the rows of C split across the executor's threads.
+template <typename T>
+void ParallelGemm(const Executor& ex, bool trans_a, bool trans_b, int64_t m, int64_t n,
+                  int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c,
+                  int64_t ldc) {
+  ForRanges(ex, m, m * n * k, [&](int64_t r0, int64_t r1) {
+    Gemm(trans_a, trans_b, r1 - r0, n, k, T(1), trans_a ? a + r0 : a + r0 * lda, lda, b, ldb,
+         beta, c + r0 * ldc, ldc);
+  });
 }
 
 // Reverses the time order of the [T, N, H] block at p (row stride ld) in place.
@@ -54,7 +81,7 @@ void MaskRows(const MaskView<T>& mask, int64_t k, int64_t col0, const Dims& d, c
 }  // namespace
 
 template <typename T>
-void Forward(const Config& c, const Dims& d, const ForwardArgs<T>& a) {
+void Forward(const Executor& ex, const Config& c, const Dims& d, const ForwardArgs<T>& a) {
   const int64_t N = d.N, H = d.H, DH = d.DH(), rows = d.rows();
   if (rows == 0) return;
   // Without training, z is built in y and activated in place.
@@ -62,7 +89,7 @@ void Forward(const Config& c, const Dims& d, const ForwardArgs<T>& a) {
 
   // The input projection of every step and both directions is one large product.
   if (c.has_input_weight) {
-    Gemm(false, true, rows, DH, d.I, T(1), a.x, d.I, a.W, d.I, T(0), zs, DH);
+    ParallelGemm(ex, false, true, rows, DH, d.I, a.x, d.I, a.W, d.I, T(0), zs, DH);
   } else {
     std::copy(a.x, a.x + rows * DH, zs);
   }
@@ -85,25 +112,27 @@ void Forward(const Config& c, const Dims& d, const ForwardArgs<T>& a) {
       T* y_k = a.y + slot * N * DH + col;
       const T* h_prev = k > 0 ? a.y + layout.Slot(k - 1, d.T) * N * DH + col
                               : (a.h0 ? a.h0 + col : nullptr);  // missing h0: zeros
-      if (h_prev) {
-        int64_t ld = DH;
-        if (a.mask.data) {
-          MaskRows(a.mask, k, col, d, h_prev, DH, mask_block.data(), masked.data());
-          h_prev = masked.data(), ld = H;
-        }
-        Gemm(false, true, N, H, H, T(1), h_prev, ld, R, H, T(1), z_k, DH);
+      int64_t ld = DH;
+      if (h_prev && a.mask.data) {
+        MaskRows(a.mask, k, col, d, h_prev, DH, mask_block.data(), masked.data());
+        h_prev = masked.data(), ld = H;
       }
-      DispatchActivation(c.activation, [&]<Activation A>() {
-        for (int64_t n = 0; n < N; ++n) {
-          for (int64_t j = 0; j < H; ++j) y_k[n * DH + j] = Activate<A>(z_k[n * DH + j]);
-        }
+      // Each thread owns a band of hidden units: z[:, band] += h_prev R[band]^T, then act.
+      ForRanges(ex, H, h_prev ? N * H * H : 0, [&](int64_t j0, int64_t j1) {
+        if (h_prev) Gemm(false, true, N, j1 - j0, H, T(1), h_prev, ld, R + j0 * H, H, T(1),
+                         z_k + j0, DH);
+        DispatchActivation(c.activation, [&]<Activation A>() {
+          for (int64_t n = 0; n < N; ++n) {
+            for (int64_t j = j0; j < j1; ++j) y_k[n * DH + j] = Activate<A>(z_k[n * DH + j]);
+          }
+        });
       });
     }
   }
 }
 
 template <typename T>
-void Gradients(const Config& c, const Dims& d, const GradientArgs<T>& a) {
+void Gradients(const Executor& ex, const Config& c, const Dims& d, const GradientArgs<T>& a) {
   const int64_t N = d.N, H = d.H, DH = d.DH(), rows = d.rows();
   if (rows == 0) {  // empty sequence or batch: every gradient is zero
     std::fill(a.dR, a.dR + d.D * H * H, T(0));
@@ -156,15 +185,17 @@ void Gradients(const Config& c, const Dims& d, const GradientArgs<T>& a) {
         MaskRows(a.mask, k + 1, col, d, hm_next, H, mask_block.data(), hm_next);
       }
       if (k == 0 && !a.dh0) break;
-      Gemm(false, false, N, H, H, T(1), dz_k, DH, R, H, T(0), carry.data(), H);
+      ForRanges(ex, H, N * H * H, [&](int64_t j0, int64_t j1) {
+        Gemm(false, false, N, j1 - j0, H, T(1), dz_k, DH, R + j0, H, T(0), carry.data() + j0, H);
+      });
       if (a.mask.data) MaskRows(a.mask, k, col, d, carry.data(), H, mask_block.data(),
                                 carry.data());
     }
     if (a.dh0) {
       for (int64_t n = 0; n < N; ++n) std::copy_n(&carry[n * H], H, a.dh0 + n * DH + col);
     }
-    Gemm(true, false, H, H, rows, T(1), dz + col, DH, hm.data(), H, T(0), a.dR + dir * H * H,
-         H);
+    ParallelGemm(ex, true, false, H, H, rows, dz + col, DH, hm.data(), H, T(0),
+                 a.dR + dir * H * H, H);
     if (layout.source_order_differs()) FlipTime(dz + col, d, DH);  // back to source time
   }
 
@@ -177,14 +208,14 @@ void Gradients(const Config& c, const Dims& d, const GradientArgs<T>& a) {
     std::copy(sums.begin(), sums.end(), a.db);
   }
   if (a.W) {
-    Gemm(true, false, DH, d.I, rows, T(1), dz, DH, a.x, d.I, T(0), a.dW, d.I);
-    Gemm(false, false, rows, d.I, DH, T(1), dz, DH, a.W, d.I, T(0), a.dx, d.I);
+    ParallelGemm(ex, true, false, DH, d.I, rows, dz, DH, a.x, d.I, T(0), a.dW, d.I);
+    ParallelGemm(ex, false, false, rows, d.I, DH, dz, DH, a.W, d.I, T(0), a.dx, d.I);
   }
 }
 
-template void Forward<float>(const Config&, const Dims&, const ForwardArgs<float>&);
-template void Forward<double>(const Config&, const Dims&, const ForwardArgs<double>&);
-template void Gradients<float>(const Config&, const Dims&, const GradientArgs<float>&);
-template void Gradients<double>(const Config&, const Dims&, const GradientArgs<double>&);
+template void Forward<float>(const Executor&, const Config&, const Dims&, const ForwardArgs<float>&);
+template void Forward<double>(const Executor&, const Config&, const Dims&, const ForwardArgs<double>&);
+template void Gradients<float>(const Executor&, const Config&, const Dims&, const GradientArgs<float>&);
+template void Gradients<double>(const Executor&, const Config&, const Dims&, const GradientArgs<double>&);
 
 }  // namespace sgrnn::cpu::SGRNN_ISA

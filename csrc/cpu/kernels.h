@@ -6,9 +6,32 @@
 #ifndef JAX_SGRNN_CPU_KERNELS_H_
 #define JAX_SGRNN_CPU_KERNELS_H_
 
+#include <cstdint>
+#include <functional>
+
 #include "sgrnn/core.h"
 
 namespace sgrnn::cpu {
+
+// Where the kernels run their parallel parts: ForEach(n, body) runs body(0..n-1), possibly
+// concurrently, and returns when all are done. The FFI handlers back it with XLA's own
+// intra-op thread pool, so the op shares XLA's threads instead of adding a second pool
+// (OpenBLAS itself is kept single-threaded).
+class Executor {
+ public:
+  virtual ~Executor() = default;
+  virtual int64_t width() const = 0;  // how many bodies can run at once
+  virtual void ForEach(int64_t n, const std::function<void(int64_t)>& body) const = 0;
+};
+
+// Runs everything on the calling thread.
+class SerialExecutor final : public Executor {
+ public:
+  int64_t width() const override { return 1; }
+  void ForEach(int64_t n, const std::function<void(int64_t)>& body) const override {
+    for (int64_t i = 0; i < n; ++i) body(i);
+  }
+};
 
 template <typename T>
 struct ForwardArgs {
@@ -24,7 +47,7 @@ struct ForwardArgs {
 
 // y (and z) for one problem; both directions, all flags.
 template <typename T>
-void Forward(const Config& c, const Dims& d, const ForwardArgs<T>& a);
+void Forward(const Executor& ex, const Config& c, const Dims& d, const ForwardArgs<T>& a);
 
 template <typename T>
 struct GradientArgs {
@@ -44,15 +67,15 @@ struct GradientArgs {
 
 // Backpropagation through time for one problem (spec, "Gradient op").
 template <typename T>
-void Gradients(const Config& c, const Dims& d, const GradientArgs<T>& a);
+void Gradients(const Executor& ex, const Config& c, const Dims& d, const GradientArgs<T>& a);
 
 // The per-instruction-set builds of kernels.cc that the two functions above dispatch to.
 #define SGRNN_DECLARE_ISA_KERNELS(isa)                                          \
   namespace isa {                                                               \
   template <typename T>                                                         \
-  void Forward(const Config& c, const Dims& d, const ForwardArgs<T>& a);        \
+  void Forward(const Executor& ex, const Config& c, const Dims& d, const ForwardArgs<T>& a);        \
   template <typename T>                                                         \
-  void Gradients(const Config& c, const Dims& d, const GradientArgs<T>& a);     \
+  void Gradients(const Executor& ex, const Config& c, const Dims& d, const GradientArgs<T>& a);     \
   }
 SGRNN_DECLARE_ISA_KERNELS(baseline)
 #if defined(SGRNN_X86_ISAS)
