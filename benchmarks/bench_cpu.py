@@ -3,6 +3,8 @@
 All three run in this one process on the same shapes: tanh, with input weight, bias and
 initial state, float32. Forward, and forward+backward (gradients for every input). Reports
 the median of --repeats timed runs after warm-up, GFLOP/s and the op's speedup ratios.
+Column "xlaproj" times the alternative design (XLA does the input projection and its
+gradients around a recurrence-only custom call), which docs/design.md weighs.
 
     python benchmarks/bench_cpu.py               # the issue's five shapes
     python benchmarks/bench_cpu.py --shapes 100,16,64,64 --repeats 50
@@ -35,6 +37,12 @@ def median_seconds(fn, repeats: int, warmup: int = 3) -> float:
         fn()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def recurrence_only(x, R, W, b, h0, activation):
+    """The design not taken: XLA computes x W^T + b (and dW, db, dx), the custom call runs
+    only the recurrence (the op without input_weight/bias)."""
+    return jax_sgrnn.single_gate_rnn(x @ W.T + b, R, init_state=h0, activation=activation)
 
 
 def jax_timers(rnn, x, R, W, b, h0, c):
@@ -96,7 +104,7 @@ def main(argv=None) -> list[dict]:
           f"{jax.devices()[0].device_kind}; median of {args.repeats} after warm-up; float32")
     rows = []
     header = (f"{'T,N,I,H':>16} {'pass':>8} {'op ms':>9} {'scan ms':>9} {'torch ms':>9} "
-              f"{'op GF/s':>8} {'vs scan':>8} {'vs torch':>8}")
+              f"{'xlaproj':>9} {'op GF/s':>8} {'vs scan':>8} {'vs torch':>8}")
     print(header)
     for spec in args.shapes:
         T, N, I, H = map(int, spec.split(","))
@@ -110,6 +118,7 @@ def main(argv=None) -> list[dict]:
         timers = {
             "op": jax_timers(jax_sgrnn.single_gate_rnn, x, R, W, b, h0, c),
             "scan": jax_timers(jax_sgrnn.reference, x, R, W, b, h0, c),
+            "xla_proj": jax_timers(recurrence_only, x, R, W, b, h0, c),
         }
         torch_info = None
         if have_torch:
@@ -125,6 +134,7 @@ def main(argv=None) -> list[dict]:
             torch_ms = f"{row['torch_ms']:9.2f}" if "torch" in t else f"{'-':>9}"
             vs_torch = f"{row['speedup_vs_torch']:7.2f}x" if "torch" in t else f"{'-':>8}"
             print(f"{spec:>16} {name:>8} {row['op_ms']:9.2f} {row['scan_ms']:9.2f} {torch_ms} "
+                  f"{row['xla_proj_ms']:9.2f} "
                   f"{row['op_gflops']:8.1f} {row['speedup_vs_scan']:7.2f}x {vs_torch}",
                   flush=True)
     if torch_info:
