@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import Primitive
-from jax.interpreters import batching
+from jax.interpreters import ad, batching
 
 from ._spec import OPTIONAL_NAMES, Dims, SingleGateRNNDescriptor, check_shapes
 from .reference import reference, reference_gradients
@@ -69,6 +69,16 @@ def _eager_impl(primitive: Primitive):
                    static_argnames="config")
 
 
+def _no_higher_derivatives(primitive: Primitive):
+    """First derivatives go through the custom VJP; differentiating the primitives themselves
+    (a second derivative) is not supported, as MPSGraph's gradient op has no gradient."""
+    def jvp(primals, tangents, **params):
+        raise NotImplementedError(
+            f"jax_sgrnn: {primitive.name} has no derivative; second derivatives of "
+            "single_gate_rnn are not supported (differentiate jax_sgrnn.reference instead)")
+    return jvp
+
+
 def _shape(a) -> Optional[tuple]:
     return None if a is None else tuple(a.shape)
 
@@ -89,6 +99,7 @@ def _forward_abstract_eval(x, R, *rest, config: OpConfig):
 
 forward_p.def_abstract_eval(_forward_abstract_eval)
 forward_p.def_impl(_eager_impl(forward_p))
+ad.primitive_jvps[forward_p] = _no_higher_derivatives(forward_p)
 
 
 def forward_reference(x, R, *rest, config: OpConfig) -> list:
@@ -189,6 +200,7 @@ def _gradient_avals(G, x, R, rest, config: OpConfig) -> list:
 
 gradients_p.def_abstract_eval(_gradients_abstract_eval)
 gradients_p.def_impl(_eager_impl(gradients_p))
+ad.primitive_jvps[gradients_p] = _no_higher_derivatives(gradients_p)
 
 
 def gradients_reference(x, R, dy, z, *rest, config: OpConfig) -> list:
