@@ -110,7 +110,7 @@ def forward_reference(x, R, *rest, config: OpConfig) -> list:
 
 def _unmapped_shape(a, bdim) -> list:
     shape = list(a.shape)
-    if bdim is not batching.not_mapped:
+    if bdim is not None:
         del shape[bdim]
     return shape
 
@@ -118,7 +118,7 @@ def _unmapped_shape(a, bdim) -> list:
 def _fold(a, bdim: Optional[int], size: int, axis: int, full: Sequence[int]):
     """Folds the mapped axis of ``a`` into its axis ``axis`` (batch-major), broadcasting
     unmapped operands and size-1 broadcast axes to ``full`` first."""
-    a = (jnp.broadcast_to(a[None], (size, *a.shape)) if bdim is batching.not_mapped
+    a = (jnp.broadcast_to(a[None], (size, *a.shape)) if bdim is None
          else jnp.moveaxis(a, bdim, 0))
     a = jnp.broadcast_to(a, (size, *a.shape[1:axis + 1], full[axis], *a.shape[axis + 2:]))
     a = jnp.moveaxis(a, 0, axis)
@@ -127,12 +127,12 @@ def _fold(a, bdim: Optional[int], size: int, axis: int, full: Sequence[int]):
 
 def _weights_mapped(dims, config: OpConfig, n_leading: int) -> bool:
     """True when R, W or b is mapped: the mapped axis cannot join the batch then."""
-    weight_slots = [1] + [n_leading + i for i, here in enumerate(config.present[:2]) if here]
-    return any(dims[i] is not batching.not_mapped for i in weight_slots)
+    opt_dims = config.optionals(dims[n_leading:])
+    return any(d is not None for d in (dims[1], opt_dims["input_weight"], opt_dims["bias"]))
 
 
 def _forward_batch(args, dims, *, config: OpConfig):
-    size = next(a.shape[d] for a, d in zip(args, dims) if d is not batching.not_mapped)
+    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
     if _weights_mapped(dims, config, 2):
         # Per-example weights: a batched scan (one computation, vectorised by XLA).
         out = jax.vmap(lambda *ops: forward_reference(*ops, config=config), in_axes=dims)(*args)
@@ -148,7 +148,7 @@ def _forward_batch(args, dims, *, config: OpConfig):
         opt["init_state"] = _fold(opt["init_state"], opt_dims["init_state"], size, 0, (N,))
     if opt["mask"] is not None:
         m, md = opt["mask"], opt_dims["mask"]
-        if md is not batching.not_mapped or m.shape[1] != 1:
+        if md is not None or m.shape[1] != 1:
             opt["mask"] = _fold(m, md, size, 1, (None, N))
     out = forward_p.bind(x, R, *OpConfig.pack(**opt), config=config)
     T, _, DH = out[0].shape
@@ -218,7 +218,7 @@ def gradients_reference(x, R, dy, z, *rest, config: OpConfig) -> list:
 
 
 def _gradients_batch(args, dims, *, config: OpConfig):
-    size = next(a.shape[d] for a, d in zip(args, dims) if d is not batching.not_mapped)
+    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
     if _weights_mapped(dims, config, 4):
         out = jax.vmap(lambda *ops: gradients_reference(*ops, config=config),
                        in_axes=dims)(*args)
@@ -234,7 +234,7 @@ def _gradients_batch(args, dims, *, config: OpConfig):
         opt["init_state"] = _fold(opt["init_state"], opt_dims["init_state"], size, 0, (G,))
     if opt["mask"] is not None:
         m, md = opt["mask"], opt_dims["mask"]
-        if md is not batching.not_mapped or m.shape[0] != 1:
+        if md is not None or m.shape[0] != 1:
             opt["mask"] = _fold(m, md, size, 0, (G,))
     out = gradients_p.bind(x, R, dy, z, *OpConfig.pack(**opt), config=config)
     return [o.reshape(size, G, *o.shape[1:]) for o in out], [0] * len(out)
