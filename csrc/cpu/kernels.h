@@ -24,15 +24,6 @@ class Executor {
   virtual void ForEach(int64_t n, const std::function<void(int64_t)>& body) const = 0;
 };
 
-// Runs everything on the calling thread.
-class SerialExecutor final : public Executor {
- public:
-  int64_t width() const override { return 1; }
-  void ForEach(int64_t n, const std::function<void(int64_t)>& body) const override {
-    for (int64_t i = 0; i < n; ++i) body(i);
-  }
-};
-
 template <typename T>
 struct ForwardArgs {
   const T* x;   // [T, N, I]
