@@ -20,16 +20,21 @@ _HIGHEST = lax.Precision.HIGHEST
 
 
 def activate(activation: Activation, z):
-    """act(z) for one of the five MPSGraph activations."""
+    """act(z) for one of the five MPSGraph activations.
+
+    Written with ``where`` so that JAX's autodiff gives the spec's derivative at the kinks
+    (relu'(0) = 0, hard sigmoid' = 0 at +-2.5), as ``activate_grad`` and the handlers do.
+    """
     if activation == Activation.NONE:
         return z
     if activation == Activation.RELU:
-        return jnp.maximum(z, 0)
+        return jnp.where(z > 0, z, 0)
     if activation == Activation.TANH:
         return jnp.tanh(z)
     if activation == Activation.SIGMOID:
         return jax.nn.sigmoid(z)
-    return jnp.clip(0.2 * z + 0.5, 0, 1)
+    inside = (z > -2.5) & (z < 2.5)
+    return jnp.where(inside, 0.2 * z + 0.5, jnp.where(z >= 2.5, 1, 0).astype(z.dtype))
 
 
 def activate_grad(activation: Activation, z):

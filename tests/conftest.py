@@ -1,19 +1,21 @@
 """Shared helpers for the jax_sgrnn test suite.
 
-Everything runs on CPU. float64 is enabled globally so the op can be compared with the
-``lax.scan`` reference to ~1e-10; float32/float16/bfloat16 are exercised by explicit dtype.
+Everything runs on CPU (unless JAX_PLATFORMS says otherwise). float64 is enabled globally so
+the op can be compared with the ``lax.scan`` reference to ~1e-10; float32/float16/bfloat16
+are exercised by explicit dtype.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 import zlib
-from typing import Optional
 
 import jax
 
 jax.config.update("jax_enable_x64", True)
-jax.config.update("jax_platforms", "cpu")
+if not os.environ.get("JAX_PLATFORMS"):
+    jax.config.update("jax_platforms", "cpu")
 
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
@@ -111,18 +113,78 @@ def diff_inputs(inputs: dict) -> dict:
     return {n: inputs[n] for n in DIFF_NAMES if inputs[n] is not None}
 
 
+def _fast_compile_options() -> dict:
+    """XLA options that make the *oracle's* jits (lax.scan reference) compile ~3x faster.
+
+    Only used for the reference side of comparisons, never for the op under test. Falls back
+    to the defaults if this XLA does not know the options."""
+    options = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
+    try:
+        jax.jit(lambda a: a + 1, compiler_options=options)(jnp.zeros(2)).block_until_ready()
+    except Exception:  # noqa: BLE001 - unknown option names: use the defaults
+        return {}
+    return options
+
+
+FAST_COMPILE_OPTIONS = _fast_compile_options()
+
+
+def ref_jit(f, **kw):
+    """jax.jit for oracle (reference) computations: fast, unoptimised compilation."""
+    return jax.jit(f, compiler_options=FAST_COMPILE_OPTIONS, **kw)
+
+
+def is_reference(fn) -> bool:
+    return fn in (jax_sgrnn.reference, jax_sgrnn.reference_gradients)
+
+
 def value_and_grads(fn, inputs: dict, cotangent, flags: dict, jit=True):
     """``(y, grads)`` where grads = d/d(inputs) of ``sum(fn(**inputs) * cotangent)`` for every
     present differentiable input (a dict keyed by argument name)."""
 
     def run(inputs, cotangent):
         def loss(diff):
-            return jnp.sum(fn(**{**inputs, **diff}, **flags).astype(cotangent.dtype)
-                           * cotangent)
+            y = fn(**{**inputs, **diff}, **flags)
+            return jnp.sum(y.astype(cotangent.dtype) * cotangent), y
 
-        return fn(**inputs, **flags), jax.grad(loss)(diff_inputs(inputs))
+        (_, y), grads = jax.value_and_grad(loss, has_aux=True)(diff_inputs(inputs))
+        return y, grads
 
-    return (jax.jit(run) if jit else run)(inputs, cotangent)
+    if not jit:
+        return run(inputs, cotangent)
+    return (ref_jit(run) if is_reference(fn) else jax.jit(run))(inputs, cotangent)
+
+
+def full_results(fn, inputs: dict, cotangent, flags: dict) -> dict:
+    """y (inference), y and z (training=True) and the gradients of ``sum(y * cotangent)``
+    w.r.t. every present differentiable input, from one jit.
+
+    For the op, the inference forward, the training forward and the grad of the inference
+    forward are separate computations; for the reference (the oracle) one training forward
+    serves all three, to keep compile time down."""
+    flags = {k: v for k, v in flags.items() if k != "training"}
+
+    if is_reference(fn):
+        def run(inputs, cotangent):
+            def loss(diff):
+                y, z = fn(**{**inputs, **diff}, **flags, training=True)
+                return jnp.sum(y.astype(cotangent.dtype) * cotangent), (y, z)
+
+            (_, (y, z)), grads = jax.value_and_grad(loss, has_aux=True)(diff_inputs(inputs))
+            return dict(y=y, y_train=y, z=z, grads=grads)
+
+        return ref_jit(run)(inputs, cotangent)
+
+    def run(inputs, cotangent):
+        def loss(diff):
+            y = fn(**{**inputs, **diff}, **flags)
+            return jnp.sum(y.astype(cotangent.dtype) * cotangent), y
+
+        (_, y), grads = jax.value_and_grad(loss, has_aux=True)(diff_inputs(inputs))
+        y_train, z = fn(**inputs, **flags, training=True)
+        return dict(y=y, y_train=y_train, z=z, grads=grads)
+
+    return jax.jit(run)(inputs, cotangent)
 
 
 def _as_f64(a):
@@ -144,16 +206,6 @@ def assert_close(actual, expected, dtype=None, rtol=None, atol=None, err_msg="")
         scale = max(1.0, float(np.max(np.abs(e64)))) if e64.size else 1.0
         np.testing.assert_allclose(_as_f64(a), e64, rtol=rt, atol=at * scale,
                                    err_msg=f"{err_msg} leaf {i}")
-
-
-def tree_names(tree: dict) -> list:
-    return sorted(tree)
-
-
-@pytest.fixture
-def make(rng):
-    """``make(**kw)``: make_inputs bound to this test's generator."""
-    return lambda *a, **kw: make_inputs(rng, *a, **kw)
 
 
 def spec_numpy_forward(source, recurrent_weight, input_weight=None, bias=None, init_state=None,

@@ -13,8 +13,8 @@ import pytest
 
 import jax_sgrnn
 from conftest import (ACTIVATIONS, MASK_KINDS, OPTIONAL_PATTERNS, assert_close, diff_inputs,
-                      flags_id, make_inputs, make_mask, out_shape, pattern_id, random_array,
-                      requires_native, value_and_grads)
+                      flags_id, full_results, make_inputs, make_mask, out_shape, pattern_id,
+                      random_array, ref_jit, requires_native, value_and_grads)
 
 op = jax_sgrnn.single_gate_rnn
 ref = jax_sgrnn.reference
@@ -24,13 +24,13 @@ SHAPES = ((4, 3, 5), (1, 1, 5), (4, 1, 1), (1, 3, 5), (4, 3, 1), (4, 3, 5), (1, 
 
 
 def _grid_float64():
-    """Every activation x reverse x bidirectional x optional pattern (160 cases); the mask
-    kind (none / bool / float) and the shape cycle with the index, so every (pattern, mask
-    kind) pair and every shape meet every activation."""
+    """reverse x bidirectional x optional pattern x mask kind (none / bool / float) in full
+    (96 cases); the activation and the shape cycle with the index, which still puts every
+    activation with every (reverse, bidirectional) pair, every pattern and every mask kind."""
     cases = []
-    for i, (act, rev, bi, pattern) in enumerate(itertools.product(
-            ACTIVATIONS, (False, True), (False, True), OPTIONAL_PATTERNS)):
-        mask = MASK_KINDS[i % len(MASK_KINDS)]
+    for i, (rev, bi, pattern, mask) in enumerate(itertools.product(
+            (False, True), (False, True), OPTIONAL_PATTERNS, MASK_KINDS)):
+        act = ACTIVATIONS[i % len(ACTIVATIONS)]
         shape = SHAPES[i % len(SHAPES)]
         cases.append(pytest.param(
             act, rev, bi, pattern, mask, shape,
@@ -54,6 +54,19 @@ def _grid_float32():
     return cases
 
 
+def _check_results(inputs, got, want, dtype, bi):
+    """Shapes and dtypes of the op's results, then values against the reference's."""
+    shape = out_shape(inputs, bi)
+    for key in ("y", "y_train", "z"):
+        assert got[key].shape == shape and got[key].dtype == dtype, (key, got[key].shape,
+                                                                      got[key].dtype)
+    assert set(got["grads"]) == set(diff_inputs(inputs))
+    for name, g in got["grads"].items():
+        assert g.shape == inputs[name].shape and g.dtype == dtype, (name, g.shape, g.dtype)
+    for key in ("y", "y_train", "z", "grads"):
+        assert_close(got[key], want[key], err_msg=key)
+
+
 def _check_op_vs_reference(rng, act, rev, bi, pattern, mask, shape, dtype):
     T, N, H = shape
     w, b, h = pattern
@@ -61,19 +74,8 @@ def _check_op_vs_reference(rng, act, rev, bi, pattern, mask, shape, dtype):
                          init_state=h, mask=mask, dtype=dtype)
     flags = dict(activation=act, reverse=rev, bidirectional=bi)
     c = random_array(rng, out_shape(inputs, bi), dtype)
-    y, grads = value_and_grads(op, inputs, c, flags)
-    y_ref, grads_ref = value_and_grads(ref, inputs, c, flags)
-    assert y.shape == out_shape(inputs, bi) and y.dtype == dtype
-    assert set(grads) == set(diff_inputs(inputs))
-    for name, g in grads.items():
-        assert g.shape == inputs[name].shape and g.dtype == dtype, name
-    assert_close(y, y_ref, err_msg="y")
-    assert_close(grads, grads_ref, err_msg="grads")
-    # z (training=True) too.
-    y2, z = jax.jit(lambda i: op(**i, **flags, training=True))(inputs)
-    y2_ref, z_ref = jax.jit(lambda i: ref(**i, **flags, training=True))(inputs)
-    assert z.dtype == dtype
-    assert_close((y2, z), (y2_ref, z_ref), err_msg="(y, z)")
+    _check_results(inputs, full_results(op, inputs, c, flags),
+                   full_results(ref, inputs, c, flags), dtype, bi)
 
 
 @pytest.mark.parametrize("act,rev,bi,pattern,mask,shape", _grid_float64())
@@ -88,11 +90,9 @@ def test_op_matches_reference_float32(rng, act, rev, bi, pattern, mask, shape):
 
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16], ids=["float16", "bfloat16"])
 @pytest.mark.parametrize("act,bi,pattern,mask", [
-    ("tanh", False, (True, True, True), "float"),
-    ("sigmoid", True, (True, True, True), "bool"),
-    ("relu", True, (False, True, False), None),
-    ("hard_sigmoid", False, (True, False, True), "float"),
-    ("none", False, (False, False, False), None),
+    pytest.param("tanh", False, (True, True, True), "float", id="tanh-uni-Wbh0-mask_float"),
+    pytest.param("sigmoid", True, (True, True, True), "bool", id="sigmoid-bi-Wbh0-mask_bool"),
+    pytest.param("hard_sigmoid", True, (False, True, False), None, id="hard_sigmoid-bi-b"),
 ])
 def test_op_half_precision_smoke(rng, dtype, act, bi, pattern, mask):
     """Half inputs: outputs and gradients keep the input dtype and agree with the reference
@@ -102,16 +102,10 @@ def test_op_half_precision_smoke(rng, dtype, act, bi, pattern, mask):
                          init_state=h, mask=mask, dtype=dtype)
     flags = dict(activation=act, bidirectional=bi)
     c = random_array(rng, out_shape(inputs, bi), dtype)
-    y, grads = value_and_grads(op, inputs, c, flags)
-    y_ref, grads_ref = value_and_grads(ref, inputs, c, flags)
-    assert y.dtype == dtype
-    assert all(g.dtype == dtype for g in grads.values()), {n: g.dtype for n, g in grads.items()}
-    assert_close(y, y_ref, err_msg="y")
-    assert_close(grads, grads_ref, err_msg="grads")
-    y2, z = op(**inputs, **flags, training=True)
-    assert y2.dtype == dtype and z.dtype == dtype
-    _, z_ref = ref(**inputs, **flags, training=True)
-    assert_close(z, z_ref, err_msg="z")
+    _check_results(inputs, full_results(op, inputs, c, flags),
+                   full_results(ref, inputs, c, flags), dtype, bi)
+    # Eager (un-jitted) calls keep the dtype too.
+    assert op(**inputs, **flags).dtype == dtype
 
 
 # ------------------------------------------------------------------ mask broadcasting
@@ -175,6 +169,26 @@ def test_mask_multiplies_recurrent_input_only(rng):
 # ------------------------------------------------------------- the explicit gradient op
 
 
+def _gradients_args(inputs, dy, z):
+    return (inputs["source"], inputs["recurrent_weight"], dy, z, inputs["input_weight"],
+            inputs["bias"], inputs["init_state"], inputs["mask"])
+
+
+def _reference_gradient_oracles(inputs, dy, flags):
+    """(z, reference_gradients, jax.vjp of reference) from one fast-compiled jit."""
+
+    def run(inputs, dy):
+        _, z = ref(**inputs, **flags, training=True)
+        expected = jax_sgrnn.reference_gradients(*_gradients_args(inputs, dy, z), **flags)
+        names = ["source", "recurrent_weight"] + [
+            n for n in ("input_weight", "bias", "init_state") if inputs[n] is not None]
+        _, vjp = jax.vjp(lambda *a: ref(**{**inputs, **dict(zip(names, a))}, **flags),
+                         *(inputs[n] for n in names))
+        return z, expected, list(vjp(dy))
+
+    return ref_jit(run)(inputs, dy)
+
+
 @pytest.mark.parametrize("bi", [False, True], ids=["uni", "bi"])
 @pytest.mark.parametrize("pattern", OPTIONAL_PATTERNS, ids=pattern_id)
 def test_gradients_op_list_order_and_values(rng, bi, pattern):
@@ -187,12 +201,10 @@ def test_gradients_op_list_order_and_values(rng, bi, pattern):
     inputs = make_inputs(rng, 4, 3, 3, 5, bidirectional=bi, input_weight=w, bias=b,
                          init_state=h, mask=mask)
     flags = dict(activation=act, reverse=not bi, bidirectional=bi)
-    _, z = ref(**inputs, **flags, training=True)
-    dy = random_array(rng, z.shape, jnp.float64)
+    dy = random_array(rng, out_shape(inputs, bi), jnp.float64)
+    z, expected, from_vjp = _reference_gradient_oracles(inputs, dy, flags)
 
-    grads = jax_sgrnn.single_gate_rnn_gradients(
-        inputs["source"], inputs["recurrent_weight"], dy, z, inputs["input_weight"],
-        inputs["bias"], inputs["init_state"], inputs["mask"], **flags)
+    grads = jax_sgrnn.single_gate_rnn_gradients(*_gradients_args(inputs, dy, z), **flags)
     assert isinstance(grads, list)
     expected_names = ["source", "recurrent_weight"] + [
         n for n in ("input_weight", "bias", "init_state") if inputs[n] is not None]
@@ -201,16 +213,9 @@ def test_gradients_op_list_order_and_values(rng, bi, pattern):
         assert g.shape == inputs[name].shape, (name, g.shape, inputs[name].shape)
         assert g.dtype == jnp.float64
 
-    expected = jax_sgrnn.reference_gradients(
-        inputs["source"], inputs["recurrent_weight"], dy, z, inputs["input_weight"],
-        inputs["bias"], inputs["init_state"], inputs["mask"], **flags)
     assert isinstance(expected, list) and len(expected) == len(grads)
     assert_close(grads, expected, err_msg="vs reference_gradients")
-
-    names = [n for n in expected_names]
-    _, vjp = jax.vjp(lambda *a: ref(**{**inputs, **dict(zip(names, a))}, **flags),
-                     *(inputs[n] for n in names))
-    assert_close(grads, list(vjp(dy)), err_msg="vs jax.vjp(reference)")
+    assert_close(grads, from_vjp, err_msg="vs jax.vjp(reference)")
 
 
 def test_gradients_op_accepts_descriptor_and_training_flag(rng):
@@ -218,8 +223,7 @@ def test_gradients_op_accepts_descriptor_and_training_flag(rng):
     desc = jax_sgrnn.SingleGateRNNDescriptor(activation="sigmoid", reverse=True)
     _, z = op(**inputs, descriptor=desc, training=True)
     dy = random_array(rng, z.shape, jnp.float64)
-    args = (inputs["source"], inputs["recurrent_weight"], dy, z, inputs["input_weight"],
-            inputs["bias"], inputs["init_state"])
+    args = _gradients_args(inputs, dy, z)
     a = jax_sgrnn.single_gate_rnn_gradients(*args, descriptor=desc)
     b = jax_sgrnn.single_gate_rnn_gradients(*args, descriptor=desc, training=True)
     c = jax_sgrnn.single_gate_rnn_gradients(*args, activation="sigmoid", reverse=True)
@@ -230,52 +234,53 @@ def test_gradients_op_accepts_descriptor_and_training_flag(rng):
 def test_gradients_op_under_jit(rng):
     inputs = make_inputs(rng, 4, 3, 3, 5, bidirectional=True, mask="float")
     flags = dict(activation="tanh", bidirectional=True)
-    _, z = ref(**inputs, **flags, training=True)
-    dy = random_array(rng, z.shape, jnp.float64)
-
-    def f(fn, i, dy, z):
-        return fn(i["source"], i["recurrent_weight"], dy, z, i["input_weight"], i["bias"],
-                  i["init_state"], i["mask"], **flags)
-
-    got = jax.jit(lambda *a: f(jax_sgrnn.single_gate_rnn_gradients, *a))(inputs, dy, z)
-    assert_close(got, f(jax_sgrnn.reference_gradients, inputs, dy, z))
+    dy = random_array(rng, out_shape(inputs, True), jnp.float64)
+    z, expected, _ = _reference_gradient_oracles(inputs, dy, flags)
+    got = jax.jit(lambda i, dy, z: jax_sgrnn.single_gate_rnn_gradients(
+        *_gradients_args(i, dy, z), **flags))(inputs, dy, z)
+    assert_close(got, expected)
 
 
 # ----------------------------------------------------------------------- training / z
 
 
-@pytest.mark.parametrize("bi", [False, True], ids=["uni", "bi"])
-@pytest.mark.parametrize("act", ["tanh", "relu", "hard_sigmoid"])
-def test_training_z_and_grad_through_y_and_z(rng, bi, act):
+@pytest.mark.parametrize("act,bi", [("tanh", False), ("relu", True), ("hard_sigmoid", True),
+                                    ("sigmoid", False)])
+def test_training_z_and_grad_through_y_and_z(rng, act, bi):
     """training=True: z equals the reference's; a loss that uses z too is differentiated
-    exactly (the op falls back to the reference's vjp for z cotangents)."""
+    exactly (the op falls back to the reference's vjp for z cotangents); losses of y only and
+    of z only too."""
     inputs = make_inputs(rng, 4, 3, 3, 5, bidirectional=bi, mask="float")
     flags = dict(activation=act, reverse=True, bidirectional=bi, training=True)
     cy = random_array(rng, out_shape(inputs, bi), jnp.float64)
     cz = random_array(rng, out_shape(inputs, bi), jnp.float64)
 
-    y, z = op(**inputs, **flags)
-    y_ref, z_ref = ref(**inputs, **flags)
-    assert_close((y, z), (y_ref, z_ref))
-
-    def losses(fn):
-        def both(diff):
+    def run(fn):
+        def loss(diff, wy, wz):
             y, z = fn(**{**inputs, **diff}, **flags)
-            return jnp.sum(y * cy) + jnp.sum(jnp.sin(z) * cz)
+            return wy * jnp.sum(y * cy) + wz * jnp.sum(jnp.sin(z) * cz)
+
+        def both(diff):
+            return jnp.sum(fn(**{**inputs, **diff}, **flags)[0] * cy) + jnp.sum(
+                jnp.sin(fn(**{**inputs, **diff}, **flags)[1]) * cz)
 
         def y_only(diff):
             return jnp.sum(fn(**{**inputs, **diff}, **flags)[0] * cy)
 
         def z_only(diff):
-            return jnp.sum(fn(**{**inputs, **diff}, **flags)[1] * cz)
+            return jnp.sum(jnp.sin(fn(**{**inputs, **diff}, **flags)[1]) * cz)
 
-        return both, y_only, z_only
+        def all_(diff):
+            return (fn(**{**inputs, **diff}, **flags), jax.grad(both)(diff),
+                    jax.grad(y_only)(diff), jax.grad(z_only)(diff))
+
+        return all_
 
     diff = diff_inputs(inputs)
-    for name, l_op, l_ref in zip(("y and z", "y only", "z only"), losses(op), losses(ref)):
-        got = jax.jit(jax.grad(l_op))(diff)
-        want = jax.jit(jax.grad(l_ref))(diff)
-        assert_close(got, want, err_msg=name)
+    got = jax.jit(run(op))(diff)
+    want = ref_jit(run(ref))(diff)
+    for name, g, w in zip(("(y, z)", "grad y and z", "grad y only", "grad z only"), got, want):
+        assert_close(g, w, err_msg=name)
 
 
 def test_training_flag_returns_pair_and_default_returns_array(rng):
@@ -405,3 +410,52 @@ def test_lowering_for_other_platforms_is_the_decomposition(rng):
         pytest.skip(f"cross-platform lowering unavailable: {err}")
     assert "jax_sgrnn_" not in text
     assert "stablehlo.while" in text
+
+
+# ------------------------------------------------------------ activation kinks (spec)
+
+
+def _kink_inputs(act):
+    """Inputs whose pre-activation sits exactly on the activation's kink at some steps:
+    relu at z = 0 (zero-padded first step, no h0/bias), hard sigmoid at z = +-2.5."""
+    H = 3
+    R = jnp.eye(H) * 0.5
+    if act == "relu":
+        x = jnp.zeros((3, 2, H)).at[1].set(1.0)  # z[0] = 0 exactly
+    else:
+        x = jnp.zeros((3, 2, H)).at[0].set(2.5).at[2, 1].set(-2.5)  # z = 2.5 / -2.5 exactly
+        R = jnp.zeros((H, H))  # keep later steps on the kink too
+    return x, R
+
+
+@pytest.mark.parametrize("act", ["relu", "hard_sigmoid"])
+def test_op_gradient_at_activation_kinks_follows_spec(act):
+    """At z exactly on a kink the op's gradient uses the spec's act' (relu'(0) = 0, hard
+    sigmoid's open interval), i.e. equals reference_gradients' explicit BPTT."""
+    x, R = _kink_inputs(act)
+    _, z = ref(x, R, activation=act, training=True)
+    dy = jnp.ones_like(z)
+    expected = jax_sgrnn.reference_gradients(x, R, dy, z, activation=act)
+    got = jax.grad(lambda x, R: jnp.sum(op(x, R, activation=act)), argnums=(0, 1))(x, R)
+    assert_close(list(got), expected)
+    assert_close(jax_sgrnn.single_gate_rnn_gradients(x, R, dy, z, activation=act), expected)
+
+
+@pytest.mark.parametrize("act", ["relu", "hard_sigmoid"])
+def test_op_gradient_at_kinks_does_not_depend_on_z_in_the_loss(act):
+    """Adding 0 * sum(z) to a loss of y must not change d loss / d inputs. (The training op
+    falls back to jax.vjp(reference) as soon as z has a cotangent; that path must use the
+    same act' at the kinks as the gradient op.)"""
+    x, R = _kink_inputs(act)
+
+    def loss_y(x, R):
+        y, _ = op(x, R, activation=act, training=True)
+        return jnp.sum(y)
+
+    def loss_y_plus_zero_z(x, R):
+        y, z = op(x, R, activation=act, training=True)
+        return jnp.sum(y) + 0.0 * jnp.sum(z)
+
+    y_only = jax.grad(loss_y, argnums=(0, 1))(x, R)
+    with_z = jax.grad(loss_y_plus_zero_z, argnums=(0, 1))(x, R)
+    assert_close(with_z, y_only)
