@@ -33,27 +33,22 @@ void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double al
 // (a wake-up is a few microseconds; this is ~10 us of single-core work).
 constexpr int64_t kMinParallelMacs = int64_t{1} << 20;
 
-// Splits [0, n) into contiguous ranges, one per thread when `macs` is worth it, and runs
-// body(begin, end) on each.
-template <typename F>
-void ForRanges(const Executor& ex, int64_t n, int64_t macs, F&& body) {
-  const int64_t parts = macs >= kMinParallelMacs ? std::min(ex.width(), n) : 1;
-  if (parts <= 1) {
-    body(int64_t{0}, n);
-    return;
-  }
-  ex.ForEach(parts, [&](int64_t p) { body(n * p / parts, n * (p + 1) / parts); });
-}
-
-// Gemm with the rows of C split across the executor's threads.
+// Gemm with the rows of C split across the executor's threads when it is large enough.
 template <typename T>
 void ParallelGemm(const Executor& ex, bool trans_a, bool trans_b, int64_t m, int64_t n,
                   int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c,
                   int64_t ldc) {
-  ForRanges(ex, m, m * n * k, [&](int64_t r0, int64_t r1) {
+  const int64_t parts = m * n * k >= kMinParallelMacs ? std::min(ex.width(), m) : 1;
+  auto rows = [&](int64_t p) {
+    const int64_t r0 = m * p / parts, r1 = m * (p + 1) / parts;
     Gemm(trans_a, trans_b, r1 - r0, n, k, T(1), trans_a ? a + r0 : a + r0 * lda, lda, b, ldb,
          beta, c + r0 * ldc, ldc);
-  });
+  };
+  if (parts <= 1) {
+    rows(0);
+  } else {
+    ex.ForEach(parts, rows);
+  }
 }
 
 // Reverses the time order of the [T, N, H] block at p (row stride ld) in place.
@@ -68,15 +63,53 @@ void FlipTime(T* p, const Dims& d, int64_t ld) {
   }
 }
 
-// out[n, j] = h[n, j] * mask[k, n, col0 + j] for an [N, H] block (h has row stride ld).
+// out[n, j] = h[n, j] * mask[k, n0 + n, col0 + j] for an [n1-n0, H] block (h: row stride ld).
 template <typename T>
-void MaskRows(const MaskView<T>& mask, int64_t k, int64_t col0, const Dims& d, const T* h,
-              int64_t ld, T* mask_block, T* out) {
-  mask.Expand(k, col0, d.N, d.H, mask_block);
-  for (int64_t n = 0; n < d.N; ++n) {
-    for (int64_t j = 0; j < d.H; ++j) out[n * d.H + j] = h[n * ld + j] * mask_block[n * d.H + j];
+void MaskRows(const MaskView<T>& mask, int64_t k, int64_t col0, int64_t n0, int64_t n1,
+              int64_t H, const T* h, int64_t ld, T* mask_block, T* out) {
+  mask.Expand(k, col0, n0, n1, H, mask_block);
+  for (int64_t n = 0; n < n1 - n0; ++n) {
+    for (int64_t j = 0; j < H; ++j) out[n * H + j] = h[n * ld + j] * mask_block[n * H + j];
   }
 }
+
+// A recurrence splits into independent pieces: its directions, and bands of batch rows
+// (row n of a step only ever reads row n of the step before). Each piece runs all T steps
+// without synchronising with the others.
+struct Band {
+  int64_t item;    // 0 .. count-1, to find the piece's scratch memory
+  int64_t dir;     // direction
+  int64_t n0, n1;  // batch rows
+};
+
+class Bands {
+ public:
+  Bands(const Executor& ex, const Dims& d)
+      : d_(d),
+        parallel_(d.T * d.N * d.H * d.H * d.D >= kMinParallelMacs),
+        per_dir_(parallel_ ? std::clamp<int64_t>((ex.width() + d.D - 1) / d.D, 1, d.N) : 1) {}
+
+  int64_t count() const { return d_.D * per_dir_; }
+  int64_t max_rows() const { return (d_.N + per_dir_ - 1) / per_dir_; }
+
+  template <typename F>
+  void ForEach(const Executor& ex, F&& body) const {
+    auto run = [&](int64_t item) {
+      const int64_t b = item % per_dir_;
+      body(Band{item, item / per_dir_, d_.N * b / per_dir_, d_.N * (b + 1) / per_dir_});
+    };
+    if (!parallel_) {
+      for (int64_t item = 0; item < count(); ++item) run(item);
+    } else {
+      ex.ForEach(count(), run);
+    }
+  }
+
+ private:
+  Dims d_;
+  bool parallel_;
+  int64_t per_dir_;
+};
 
 }  // namespace
 
@@ -98,37 +131,40 @@ void Forward(const Executor& ex, const Config& c, const Dims& d, const ForwardAr
       for (int64_t j = 0; j < DH; ++j) zs[r * DH + j] += a.b[j];
     }
   }
-
-  std::vector<T> masked, mask_block;
-  if (a.mask.data) masked.resize(N * H), mask_block.resize(N * H);
   for (int64_t dir = 0; dir < d.D; ++dir) {
-    const DirectionLayout layout = LayoutOf(c, dir);
-    const int64_t col = dir * H;
-    const T* R = a.R + dir * H * H;
-    if (layout.source_order_differs()) FlipTime(zs + col, d, DH);
+    if (LayoutOf(c, dir).source_order_differs()) FlipTime(zs + dir * H, d, DH);
+  }
+
+  const Bands bands(ex, d);
+  // Per piece: the masked previous state and the expanded mask (allocated here: the pieces
+  // may run on pool threads, which must not throw).
+  const int64_t scratch = a.mask.data ? 2 * bands.max_rows() * H : 0;
+  std::vector<T> scratch_all(bands.count() * scratch);
+  bands.ForEach(ex, [&](const Band& band) {
+    const DirectionLayout layout = LayoutOf(c, band.dir);
+    const int64_t col = band.dir * H, n_rows = band.n1 - band.n0, row0 = band.n0 * DH + col;
+    const T* R = a.R + band.dir * H * H;
+    T* masked = scratch_all.data() + band.item * scratch;
+    T* mask_block = masked + scratch / 2;
     for (int64_t k = 0; k < d.T; ++k) {
       const int64_t slot = layout.Slot(k, d.T);
-      T* z_k = zs + slot * N * DH + col;
-      T* y_k = a.y + slot * N * DH + col;
-      const T* h_prev = k > 0 ? a.y + layout.Slot(k - 1, d.T) * N * DH + col
-                              : (a.h0 ? a.h0 + col : nullptr);  // missing h0: zeros
+      T* z_k = zs + slot * N * DH + row0;
+      T* y_k = a.y + slot * N * DH + row0;
+      const T* h_prev = k > 0 ? a.y + layout.Slot(k - 1, d.T) * N * DH + row0
+                              : (a.h0 ? a.h0 + row0 : nullptr);  // missing h0: zeros
       int64_t ld = DH;
       if (h_prev && a.mask.data) {
-        MaskRows(a.mask, k, col, d, h_prev, DH, mask_block.data(), masked.data());
-        h_prev = masked.data(), ld = H;
+        MaskRows(a.mask, k, col, band.n0, band.n1, H, h_prev, DH, mask_block, masked);
+        h_prev = masked, ld = H;
       }
-      // Each thread owns a band of hidden units: z[:, band] += h_prev R[band]^T, then act.
-      ForRanges(ex, H, h_prev ? N * H * H : 0, [&](int64_t j0, int64_t j1) {
-        if (h_prev) Gemm(false, true, N, j1 - j0, H, T(1), h_prev, ld, R + j0 * H, H, T(1),
-                         z_k + j0, DH);
-        DispatchActivation(c.activation, [&]<Activation A>() {
-          for (int64_t n = 0; n < N; ++n) {
-            for (int64_t j = j0; j < j1; ++j) y_k[n * DH + j] = Activate<A>(z_k[n * DH + j]);
-          }
-        });
+      if (h_prev) Gemm(false, true, n_rows, H, H, T(1), h_prev, ld, R, H, T(1), z_k, DH);
+      DispatchActivation(c.activation, [&]<Activation A>() {
+        for (int64_t n = 0; n < n_rows; ++n) {
+          for (int64_t j = 0; j < H; ++j) y_k[n * DH + j] = Activate<A>(z_k[n * DH + j]);
+        }
       });
     }
-  }
+  });
 }
 
 template <typename T>
@@ -144,59 +180,66 @@ void Gradients(const Executor& ex, const Config& c, const Dims& d, const Gradien
   // dz = dL/dz, [T, N, D*H]. Without W it is exactly dx, so it is built there.
   std::vector<T> dz_storage(a.W ? rows * DH : 0);
   T* dz = a.W ? dz_storage.data() : a.dx;
-  // hm[slot(k)] = h[k-1] * m[k], the recurrent input of step k, for dR in one product.
-  std::vector<T> hm((rows + N) * H), carry(N * H), mask_block;
-  if (a.mask.data) mask_block.resize(N * H);
+  // Per direction, hm[slot(k)] = h[k-1] * m[k], the recurrent input of step k, for dR in one
+  // product; one spare slot at the end takes the last step's h, keeping the loop branch-free.
+  const int64_t hm_size = (d.T + 1) * N * H;
+  std::vector<T> hm(d.D * hm_size);
 
-  for (int64_t dir = 0; dir < d.D; ++dir) {
-    const DirectionLayout layout = LayoutOf(c, dir);
-    const int64_t col = dir * H;
-    const T* R = a.R + dir * H * H;
-    T* hm_first = hm.data() + layout.Slot(0, d.T) * N * H;
+  const Bands bands(ex, d);
+  // Per piece: the carried (dz[k+1] R) * m[k+1] and the expanded mask.
+  const int64_t scratch = 2 * bands.max_rows() * H;
+  std::vector<T> scratch_all(bands.count() * scratch);
+  bands.ForEach(ex, [&](const Band& band) {
+    const DirectionLayout layout = LayoutOf(c, band.dir);
+    const int64_t col = band.dir * H, n_rows = band.n1 - band.n0, row0 = band.n0 * DH + col;
+    const T* R = a.R + band.dir * H * H;
+    T* hm_dir = hm.data() + band.dir * hm_size + band.n0 * H;
+    T* carry = scratch_all.data() + band.item * scratch;
+    T* mask_block = carry + scratch / 2;
+
+    T* hm_first = hm_dir + layout.Slot(0, d.T) * N * H;
     if (!a.h0) {
-      std::fill(hm_first, hm_first + N * H, T(0));
+      std::fill(hm_first, hm_first + n_rows * H, T(0));
     } else if (a.mask.data) {
-      MaskRows(a.mask, 0, col, d, a.h0 + col, DH, mask_block.data(), hm_first);
+      MaskRows(a.mask, 0, col, band.n0, band.n1, H, a.h0 + row0, DH, mask_block, hm_first);
     } else {
-      for (int64_t n = 0; n < N; ++n) std::copy_n(a.h0 + n * DH + col, H, hm_first + n * H);
+      for (int64_t n = 0; n < n_rows; ++n) std::copy_n(a.h0 + row0 + n * DH, H, hm_first + n * H);
     }
 
-    std::fill(carry.begin(), carry.end(), T(0));  // (dz[k+1] R) * m[k+1]
+    std::fill(carry, carry + n_rows * H, T(0));
     for (int64_t k = d.T - 1; k >= 0; --k) {
       const int64_t slot = layout.Slot(k, d.T);
-      const T* dy_k = a.dy + slot * N * DH + col;
-      const T* z_k = a.z + slot * N * DH + col;
-      T* dz_k = dz + slot * N * DH + col;
-      // h[k] feeds step k+1: store it while act(z[k]) is at hand (the last step's goes to
-      // the spare slot at the end, which keeps the loop free of branches).
-      T* hm_next = hm.data() + (k + 1 < d.T ? layout.Slot(k + 1, d.T) : d.T) * N * H;
-      const T* carry_k = carry.data();
+      const T* dy_k = a.dy + slot * N * DH + row0;
+      const T* z_k = a.z + slot * N * DH + row0;
+      T* dz_k = dz + slot * N * DH + row0;
+      // h[k] feeds step k+1: store it while act(z[k]) is at hand.
+      T* hm_next = hm_dir + (k + 1 < d.T ? layout.Slot(k + 1, d.T) : d.T) * N * H;
       DispatchActivation(c.activation, [&]<Activation A>() {
-        for (int64_t n = 0; n < N; ++n) {
+        for (int64_t n = 0; n < n_rows; ++n) {
           for (int64_t j = 0; j < H; ++j) {
             const T zv = z_k[n * DH + j];
             const T h = Activate<A>(zv);
-            dz_k[n * DH + j] = (dy_k[n * DH + j] + carry_k[n * H + j]) * ActivateGrad<A>(zv, h);
+            dz_k[n * DH + j] = (dy_k[n * DH + j] + carry[n * H + j]) * ActivateGrad<A>(zv, h);
             hm_next[n * H + j] = h;
           }
         }
       });
       if (a.mask.data && k + 1 < d.T) {
-        MaskRows(a.mask, k + 1, col, d, hm_next, H, mask_block.data(), hm_next);
+        MaskRows(a.mask, k + 1, col, band.n0, band.n1, H, hm_next, H, mask_block, hm_next);
       }
       if (k == 0 && !a.dh0) break;
-      ForRanges(ex, H, N * H * H, [&](int64_t j0, int64_t j1) {
-        Gemm(false, false, N, j1 - j0, H, T(1), dz_k, DH, R + j0, H, T(0), carry.data() + j0, H);
-      });
-      if (a.mask.data) MaskRows(a.mask, k, col, d, carry.data(), H, mask_block.data(),
-                                carry.data());
+      Gemm(false, false, n_rows, H, H, T(1), dz_k, DH, R, H, T(0), carry, H);
+      if (a.mask.data) MaskRows(a.mask, k, col, band.n0, band.n1, H, carry, H, mask_block, carry);
     }
     if (a.dh0) {
-      for (int64_t n = 0; n < N; ++n) std::copy_n(&carry[n * H], H, a.dh0 + n * DH + col);
+      for (int64_t n = 0; n < n_rows; ++n) std::copy_n(carry + n * H, H, a.dh0 + row0 + n * DH);
     }
-    ParallelGemm(ex, true, false, H, H, rows, dz + col, DH, hm.data(), H, T(0),
-                 a.dR + dir * H * H, H);
-    if (layout.source_order_differs()) FlipTime(dz + col, d, DH);  // back to source time
+  });
+
+  for (int64_t dir = 0; dir < d.D; ++dir) {
+    ParallelGemm(ex, true, false, H, H, rows, dz + dir * H, DH, hm.data() + dir * hm_size, H,
+                 T(0), a.dR + dir * H * H, H);
+    if (LayoutOf(c, dir).source_order_differs()) FlipTime(dz + dir * H, d, DH);  // source time
   }
 
   // dz is now dx' in source time order for both directions: the rest are large products.

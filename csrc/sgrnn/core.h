@@ -76,11 +76,11 @@ struct MaskView {
         n_stride(Nm == 1 ? 0 : Hm),
         h_stride(Hm == 1 ? 0 : 1) {}
 
-  // Writes mask[k, :, col0:col0+H] broadcast to a dense [N, H] block.
-  void Expand(int64_t k, int64_t col0, int64_t N, int64_t H, T* out) const {
-    for (int64_t n = 0; n < N; ++n) {
+  // Writes mask[k, n0:n1, col0:col0+H] broadcast to a dense [n1-n0, H] block.
+  void Expand(int64_t k, int64_t col0, int64_t n0, int64_t n1, int64_t H, T* out) const {
+    for (int64_t n = n0; n < n1; ++n) {
       const T* row = data + k * t_stride + n * n_stride + col0 * h_stride;
-      for (int64_t j = 0; j < H; ++j) out[n * H + j] = row[j * h_stride];
+      for (int64_t j = 0; j < H; ++j) out[(n - n0) * H + j] = row[j * h_stride];
     }
   }
 };
