@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import ctypes
+import os
 import warnings
 
 import jax
+import scipy_openblas32
+
+# The extension links libscipy_openblas; loading it by path first lets the extension find it
+# wherever pip put scipy-openblas32 (the extension's rpath covers only a shared site-packages).
+ctypes.CDLL(os.path.join(scipy_openblas32.get_lib_dir(), scipy_openblas32.get_library(True)),
+            mode=ctypes.RTLD_GLOBAL)
 
 try:
     from . import _sgrnn_cpu

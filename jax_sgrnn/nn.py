@@ -163,6 +163,10 @@ class SingleGateRNN(nnx.Module):
           ``y``, ``[N, T, D*H]`` (``[T, N, D*H]`` when ``time_major``), or ``(y, h_n)`` with
           ``h_n`` ``[N, D*H]`` (see :func:`final_state`) when ``return_state``.
         """
+        if jnp.ndim(inputs) != 3 or jnp.shape(inputs)[-1] != self.in_features:
+            layout = "T, N" if self.time_major else "N, T"
+            raise ValueError(f"inputs: expected shape [{layout}, {self.in_features}], got "
+                             f"{tuple(jnp.shape(inputs))}")
         params = [p if p is None else p[...]
                   for p in (self.recurrent_weight, self.input_weight, self.bias)]
         dtype = jnp.result_type(inputs, params[0]) if self.dtype is None else self.dtype

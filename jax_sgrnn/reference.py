@@ -23,18 +23,18 @@ def activate(activation: Activation, z):
     """act(z) for one of the five MPSGraph activations.
 
     Written with ``where`` so that JAX's autodiff gives the spec's derivative at the kinks
-    (relu'(0) = 0, hard sigmoid' = 0 at +-2.5), as ``activate_grad`` and the handlers do.
+    (relu'(0) = 0, hard sigmoid' = 0 at +-2.5), as ``activate_grad`` and the handlers do,
+    and so that NaN stays NaN.
     """
     if activation == Activation.NONE:
         return z
     if activation == Activation.RELU:
-        return jnp.where(z > 0, z, 0)
+        return jnp.where((z > 0) | jnp.isnan(z), z, 0)
     if activation == Activation.TANH:
         return jnp.tanh(z)
     if activation == Activation.SIGMOID:
         return jax.nn.sigmoid(z)
-    inside = (z > -2.5) & (z < 2.5)
-    return jnp.where(inside, 0.2 * z + 0.5, jnp.where(z >= 2.5, 1, 0).astype(z.dtype))
+    return jnp.where(z >= 2.5, 1, jnp.where(z <= -2.5, 0, 0.2 * z + 0.5)).astype(z.dtype)
 
 
 def activate_grad(activation: Activation, z):

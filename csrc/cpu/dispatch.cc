@@ -1,4 +1,7 @@
 // Picks, once, the instruction-set build of kernels.cc that this CPU runs best.
+#include <cstdlib>
+#include <cstring>
+
 #include "cpu/kernels.h"
 
 namespace sgrnn::cpu {
@@ -6,21 +9,42 @@ namespace {
 
 enum class Isa { kBaseline, kX86_64_V3, kX86_64_V4 };
 
-Isa BestIsa() {
+const char* IsaName(Isa isa) {
+  switch (isa) {
+    case Isa::kX86_64_V4: return "x86-64-v4";
+    case Isa::kX86_64_V3: return "x86-64-v3";
+    default: return "baseline";
+  }
+}
+
+// The best build this CPU runs, or the one named by SGRNN_CPU_ISA ("baseline", "x86-64-v3",
+// "x86-64-v4") when the CPU supports it, so that tests can exercise every build.
+Isa ChooseIsa() {
+  Isa best = Isa::kBaseline;
 #if defined(SGRNN_X86_ISAS)
-  static const Isa best = [] {
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("x86-64-v4")) return Isa::kX86_64_V4;
-    if (__builtin_cpu_supports("x86-64-v3")) return Isa::kX86_64_V3;
-    return Isa::kBaseline;
-  }();
-  return best;
-#else
-  return Isa::kBaseline;
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("x86-64-v4")) {
+    best = Isa::kX86_64_V4;
+  } else if (__builtin_cpu_supports("x86-64-v3")) {
+    best = Isa::kX86_64_V3;
+  }
 #endif
+  if (const char* wanted = std::getenv("SGRNN_CPU_ISA")) {
+    for (Isa isa : {Isa::kBaseline, Isa::kX86_64_V3, Isa::kX86_64_V4}) {
+      if (isa <= best && std::strcmp(wanted, IsaName(isa)) == 0) return isa;
+    }
+  }
+  return best;
+}
+
+Isa BestIsa() {
+  static const Isa isa = ChooseIsa();
+  return isa;
 }
 
 }  // namespace
+
+const char* SelectedIsa() { return IsaName(BestIsa()); }
 
 template <typename T>
 void Forward(const Executor& ex, const Config& c, const Dims& d, const ForwardArgs<T>& a) {

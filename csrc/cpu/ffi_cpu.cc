@@ -173,6 +173,8 @@ PYBIND11_MODULE(_sgrnn_cpu, m) {
   // Parallel work goes through XLA's thread pool (XlaPoolExecutor); a second pool inside
   // OpenBLAS would oversubscribe the cores. This OpenBLAS copy is private to jax_sgrnn.
   scipy_openblas_set_num_threads(1);
+  m.def("selected_isa", &sgrnn::cpu::SelectedIsa,
+        "The instruction-set build of the CPU kernels in use (SGRNN_CPU_ISA overrides).");
   m.def("registrations", []() {
     py::dict targets;
     targets["jax_sgrnn_forward"] =

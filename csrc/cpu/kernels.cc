@@ -136,28 +136,30 @@ void Forward(const Executor& ex, const Config& c, const Dims& d, const ForwardAr
   }
 
   const Bands bands(ex, d);
-  // Per piece: the masked previous state and the expanded mask (allocated here: the pieces
-  // may run on pool threads, which must not throw).
-  const int64_t scratch = a.mask.data ? 2 * bands.max_rows() * H : 0;
+  // Per piece: the masked previous state, the expanded mask, and the zero state standing in
+  // for a missing h0 (its product is still taken, so 0 * inf in R gives NaN as the reference
+  // does). Allocated here: the pieces may run on pool threads, which must not throw.
+  const int64_t block = bands.max_rows() * H, scratch = 3 * block;
   std::vector<T> scratch_all(bands.count() * scratch);
   bands.ForEach(ex, [&](const Band& band) {
     const DirectionLayout layout = LayoutOf(c, band.dir);
     const int64_t col = band.dir * H, n_rows = band.n1 - band.n0, row0 = band.n0 * DH + col;
     const T* R = a.R + band.dir * H * H;
     T* masked = scratch_all.data() + band.item * scratch;
-    T* mask_block = masked + scratch / 2;
+    T* mask_block = masked + block;
+    const T* zero_state = masked + 2 * block;
     for (int64_t k = 0; k < d.T; ++k) {
       const int64_t slot = layout.Slot(k, d.T);
       T* z_k = zs + slot * N * DH + row0;
       T* y_k = a.y + slot * N * DH + row0;
       const T* h_prev = k > 0 ? a.y + layout.Slot(k - 1, d.T) * N * DH + row0
-                              : (a.h0 ? a.h0 + row0 : nullptr);  // missing h0: zeros
-      int64_t ld = DH;
-      if (h_prev && a.mask.data) {
-        MaskRows(a.mask, k, col, band.n0, band.n1, H, h_prev, DH, mask_block, masked);
+                              : (a.h0 ? a.h0 + row0 : zero_state);
+      int64_t ld = h_prev == zero_state ? H : DH;
+      if (a.mask.data) {
+        MaskRows(a.mask, k, col, band.n0, band.n1, H, h_prev, ld, mask_block, masked);
         h_prev = masked, ld = H;
       }
-      if (h_prev) Gemm(false, true, n_rows, H, H, T(1), h_prev, ld, R, H, T(1), z_k, DH);
+      Gemm(false, true, n_rows, H, H, T(1), h_prev, ld, R, H, T(1), z_k, DH);
       DispatchActivation(c.activation, [&]<Activation A>() {
         for (int64_t n = 0; n < n_rows; ++n) {
           for (int64_t j = 0; j < H; ++j) y_k[n * DH + j] = Activate<A>(z_k[n * DH + j]);

@@ -60,6 +60,10 @@ struct GradientArgs {
 template <typename T>
 void Gradients(const Executor& ex, const Config& c, const Dims& d, const GradientArgs<T>& a);
 
+// The instruction-set build the two functions above run: "baseline", "x86-64-v3" or
+// "x86-64-v4" (the best the CPU supports, or SGRNN_CPU_ISA's choice).
+const char* SelectedIsa();
+
 // The per-instruction-set builds of kernels.cc that the two functions above dispatch to.
 #define SGRNN_DECLARE_ISA_KERNELS(isa)                                          \
   namespace isa {                                                               \

@@ -86,11 +86,13 @@ struct MaskView {
 };
 
 // tanh as a clamped rational function (the approximation XLA and Eigen use for float32):
-// branch-free, so loops over it vectorise; accurate to a few ulp. double uses std::tanh.
+// branch-free, so loops over it vectorise; accurate to a few ulp. Beyond the clamp it returns
+// exactly +-1 (with FMA the rational form gives 1 - 2^-22 there, which would leave a
+// saturated unit a gradient); NaN stays NaN. double uses std::tanh.
 inline float FastTanh(float x) {
-  const float clamp = 7.90531110763549805f;  // tanh(x) rounds to +-1 beyond this
-  x = std::max(-clamp, std::min(clamp, x));
-  const float x2 = x * x;
+  constexpr float kClamp = 7.90531110763549805f;
+  const float xc = x > kClamp ? kClamp : (x < -kClamp ? -kClamp : x);  // keeps NaN
+  const float x2 = xc * xc;
   float p = -2.76076847742355e-16f;
   p = p * x2 + 2.00018790482477e-13f;
   p = p * x2 - 8.60467152213735e-11f;
@@ -98,13 +100,14 @@ inline float FastTanh(float x) {
   p = p * x2 + 1.48572235717979e-05f;
   p = p * x2 + 6.37261928875436e-04f;
   p = p * x2 + 4.89352455891786e-03f;
-  p = p * x;
+  p = p * xc;
   float q = 1.19825839466702e-06f;
   q = q * x2 + 1.18534705686654e-04f;
   q = q * x2 + 2.26843463243900e-03f;
   q = q * x2 + 4.89352518554385e-03f;
-  const float ratio = p / q;  // computed unconditionally so the select below vectorises
-  return std::abs(x) < 0.0004f ? x : ratio;
+  const float ratio = p / q;  // computed unconditionally so the selects below vectorise
+  const float ax = std::abs(x);
+  return ax < 0.0004f ? x : (ax >= kClamp ? std::copysign(1.0f, x) : ratio);
 }
 inline double FastTanh(double x) { return std::tanh(x); }
 
@@ -112,11 +115,11 @@ inline double FastTanh(double x) { return std::tanh(x); }
 template <Activation A, typename T>
 inline T Activate(T z) {
   if constexpr (A == Activation::kNone) return z;
-  if constexpr (A == Activation::kRelu) return z > T(0) ? z : T(0);
+  if constexpr (A == Activation::kRelu) return (z > T(0) || z != z) ? z : T(0);  // NaN stays
   if constexpr (A == Activation::kTanh) return FastTanh(z);
   if constexpr (A == Activation::kSigmoid) return T(0.5) * FastTanh(T(0.5) * z) + T(0.5);
-  if constexpr (A == Activation::kHardSigmoid)
-    return std::max(T(0), std::min(T(1), T(0.2) * z + T(0.5)));
+  if constexpr (A == Activation::kHardSigmoid)  // written so that NaN stays NaN
+    return z >= T(2.5) ? T(1) : (z <= T(-2.5) ? T(0) : T(0.2) * z + T(0.5));
 }
 
 template <Activation A, typename T>

@@ -1,0 +1,348 @@
+"""Extreme inputs: very long sequences, huge and tiny values, NaN and Inf, H = 1 and N = 1.
+
+Tests marked ``known_bug`` (named ``test_BUG_*``, or parameters of the NaN test) fail against
+the current handler: each documents a divergence from the reference that docs/reliability.md
+lists under "Findings", with its cause and suggested fix, and is meant to pass once the
+handler is fixed. They fail by default; ``SGRNN_XFAIL_KNOWN_BUGS=1`` turns them into strict
+xfails (reported, not failing; an unexpected pass fails) for runs that must stay green
+until the fix lands.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import conftest
+import jax_sgrnn
+from conftest import ACTIVATIONS, assert_close, make_inputs, random_array, requires_native
+
+#: jit for the oracle side (conftest's fast-compiling jit when it has one).
+ref_jit = getattr(conftest, "ref_jit", jax.jit)
+
+op, ref = jax_sgrnn.single_gate_rnn, jax_sgrnn.reference
+DIFF = ("source", "recurrent_weight", "input_weight", "bias", "init_state")
+UNDER_ASAN = "libasan" in os.environ.get("LD_PRELOAD", "")
+
+
+def known_bug(reason: str):
+    """Marks a test that fails until the handler bug `reason` is fixed (see module doc)."""
+    return pytest.mark.xfail(os.environ.get("SGRNN_XFAIL_KNOWN_BUGS") == "1",
+                             reason="known bug: " + reason, strict=True)
+
+
+BUG_SATURATION = known_bug("FastTanh saturates at 1 - 2**-22, not 1, in the FMA builds")
+BUG_NAN = known_bug("the handler's clamped activations map NaN to a number")
+BUG_ABSENT_H0 = known_bug("absent init_state skips 0 * R at step 0")
+
+
+def _value_and_grad(rnn, flags):
+    """jit(inputs, dy) -> (y, d/d(inputs) of sum(y * dy)) for the present inputs."""
+
+    def run(inputs, dy):
+        diff = {k: inputs[k] for k in DIFF if inputs[k] is not None}
+        fixed = {k: v for k, v in inputs.items() if k not in diff}
+
+        def loss(d):
+            return jnp.sum(rnn(**fixed, **d, **flags) * dy)
+
+        return jax.value_and_grad(loss)(diff)[1], rnn(**inputs, **flags)
+
+    return ref_jit(run) if rnn is ref else jax.jit(run)
+
+
+# ------------------------------------------------------------------------ long sequences
+
+LONG_T = 100_000
+
+
+def test_long_sequence_matches_reference():
+    """T = 100000 (N = 2, H = 4, bidirectional, every optional, a [T,1,1] mask): forward and
+    gradients agree with the lax.scan reference over the whole sequence."""
+    rng = np.random.default_rng(0)
+    inputs = make_inputs(rng, LONG_T, 2, 3, 4, bidirectional=True, mask="float",
+                         mask_shape=(LONG_T, 1, 1), dtype=jnp.float32)
+    dy = random_array(rng, (LONG_T, 2, 8), jnp.float32)
+    flags = dict(activation="tanh", bidirectional=True)
+    got = _value_and_grad(op, flags)(inputs, dy)
+    want = _value_and_grad(ref, flags)(inputs, dy)
+    assert_close(got, want, dtype=jnp.float32, atol=2e-5, err_msg="T=100000")
+
+
+_MEMORY_SCRIPT = textwrap.dedent("""
+    import json, resource, sys
+    import jax, jax.numpy as jnp
+    jax.config.update("jax_platforms", "cpu")
+    import jax_sgrnn
+
+    def status_mb(field):
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) / 1024
+
+    def reset_peak():
+        # Linux >= 4.0: writing 5 to clear_refs resets VmHWM (the peak RSS) to the current
+        # RSS. Where that is refused, getrusage's lifetime peak is used instead.
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+            return "VmHWM"
+        except OSError:
+            return None
+
+    def peak_mb(source):
+        if source == "VmHWM":
+            return status_mb("VmHWM")
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+    def run(T, N=2, I=3, H=4, compile_only=False):
+        k = jax.random.split(jax.random.key(0), 4)
+        x = jax.random.normal(k[0], (T, N, I))
+        R = 0.3 * jax.random.normal(k[1], (H, H))
+        W = jax.random.normal(k[2], (H, I))
+        dy = jax.random.normal(k[3], (T, N, H))
+        def loss(x, R, W):
+            return jnp.sum(jax_sgrnn.single_gate_rnn(x, R, W, activation="tanh") * dy)
+        fn = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
+        if compile_only:
+            return fn.lower(x, R, W).compile()
+        out = jax.block_until_ready(fn(x, R, W))
+        assert bool(jnp.isfinite(out[0]))
+
+    run(1000)  # brings in XLA's working set
+    T = int(sys.argv[1])
+    run(T, compile_only=True)  # the compiler's own peak is not the op's
+    before = status_mb("VmRSS")
+    source = reset_peak()
+    if source is None:
+        before = peak_mb(None)
+    run(T)
+    print(json.dumps(dict(before=before, after=peak_mb(source), source=source or "ru_maxrss")))
+""")
+
+
+@requires_native
+def test_long_sequence_memory_is_linear():
+    """A fresh process runs forward + backward at T = 100000; its peak RSS during that run
+    (VmHWM reset just before, after compiling) may exceed the RSS before it by a generous
+    multiple of the arrays' size and no more: the handler's scratch is O(T*N*H) and nothing
+    grows per step (O(T^2) would be tens of GB). The kernels loop over steps, no recursion,
+    so no stack grows with T."""
+    N, I, H = 2, 3, 4
+    arrays_mb = LONG_T * N * (2 * I + 6 * H) * 4 / 2**20  # x, dx, y, z, dy, dz, scratch
+    bound_mb = 16 * arrays_mb + 64
+    if UNDER_ASAN:  # ASan's quarantine holds freed memory (up to 256 MB by default)
+        bound_mb += 512
+    proc = subprocess.run([sys.executable, "-c", _MEMORY_SCRIPT, str(LONG_T)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rss = json.loads(proc.stdout.strip().splitlines()[-1])
+    growth = rss["after"] - rss["before"]
+    print(f"T={LONG_T}: RSS {rss['before']:.0f} MB, peak during the run {rss['after']:.0f} MB "
+          f"({rss['source']}; +{growth:.1f} MB; arrays ~{arrays_mb:.1f} MB; bound "
+          f"{bound_mb:.0f} MB)")
+    assert growth < bound_mb, rss
+
+
+# ------------------------------------------------------------------ huge and tiny values
+
+SCALES = {np.dtype(np.float32): (1e30, 1e-30), np.dtype(np.float64): (1e300, 1e-300)}
+
+
+def _scaled_inputs(dtype, scale, seed):
+    rng = np.random.default_rng(seed)
+    inputs = make_inputs(rng, 4, 3, 3, 5, mask="float", dtype=dtype)
+    inputs["source"] = inputs["source"] * scale
+    inputs["init_state"] = inputs["init_state"] * scale
+    dy = random_array(rng, (4, 3, 5), dtype)
+    return inputs, dy
+
+
+@pytest.mark.parametrize("activation", ["none", "relu", "hard_sigmoid"])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64], ids=["f32", "f64"])
+def test_huge_values(dtype, activation):
+    """Source and initial state near the dtype's limit (1e30 in float32, 1e300 in float64):
+    no NaN or Inf where the math has none, and the reference's outputs and gradients."""
+    _check_huge(dtype, activation)
+
+
+@pytest.mark.parametrize("activation", ["tanh", "sigmoid"])
+def test_huge_values_saturating_float64(activation):
+    _check_huge(jnp.float64, activation)
+
+
+@BUG_SATURATION
+@pytest.mark.parametrize("activation", ["tanh", "sigmoid"])
+def test_BUG_huge_values_saturating_float32(activation):
+    """BUG (csrc/sgrnn/core.h FastTanh): in the FMA builds (x86-64-v3/v4) the clamped
+    rational tanh gives 0.99999976, not 1, at the clamp, so a saturated unit has
+    tanh' = 1 - h^2 = 4.8e-7 (sigmoid: 1.2e-7) instead of 0 and d input_weight,
+    d recurrent_weight come out ~1e24 where the reference (and the math) gives 0."""
+    _check_huge(jnp.float32, activation)
+
+
+def _check_huge(dtype, activation):
+    big, _ = SCALES[np.dtype(dtype)]
+    inputs, dy = _scaled_inputs(dtype, big, 1)
+    flags = dict(activation=activation)
+    got = _value_and_grad(op, flags)(inputs, dy)
+    want = _value_and_grad(ref, flags)(inputs, dy)
+    for leaf in jax.tree.leaves(want):
+        assert np.all(np.isfinite(np.asarray(leaf))), "reference overflowed: bad test data"
+    for path, leaf in jax.tree_util.tree_leaves_with_path(got):
+        assert np.all(np.isfinite(np.asarray(leaf))), f"non-finite {jax.tree_util.keystr(path)}"
+    y = np.asarray(got[1])
+    if activation == "tanh":
+        assert np.all(np.abs(y) <= 1)
+    elif activation in ("sigmoid", "hard_sigmoid"):
+        assert np.all((y >= 0) & (y <= 1))
+    assert_close(got, want, dtype=dtype, err_msg=f"{activation} at {big:g}")
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64], ids=["f32", "f64"])
+def test_tiny_values(dtype, activation):
+    """Source and initial state at 1e-30 (float32) / 1e-300 (float64), compared with a
+    tolerance relative to each result's own magnitude (not to 1)."""
+    _, tiny = SCALES[np.dtype(dtype)]
+    inputs, dy = _scaled_inputs(dtype, tiny, 2)
+    flags = dict(activation=activation)
+    got = _value_and_grad(op, flags)(inputs, dy)
+    want = _value_and_grad(ref, flags)(inputs, dy)
+    rtol = 1e-5 if dtype == jnp.float32 else 1e-12
+    for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(want)):
+        g, w = np.asarray(g, np.float64), np.asarray(w, np.float64)
+        assert np.all(np.isfinite(g)), jax.tree_util.keystr(path)
+        np.testing.assert_allclose(g, w, rtol=rtol, atol=rtol * np.max(np.abs(w)),
+                                   err_msg=jax.tree_util.keystr(path))
+
+
+# ---------------------------------------------------------------------------- NaN and Inf
+
+#: Where a non-finite value is put: (input, index, value).
+NONFINITE_PLACES = [
+    ("source", (1, 0, 2), np.nan),
+    ("source", (0, 1, 0), np.inf),
+    ("source", (2, 2, 1), -np.inf),
+    ("init_state", (1, 3), np.nan),
+    ("mask", (1, 0, 4), np.nan),
+    ("input_weight", (2, 1), np.inf),
+    ("bias", (0,), np.nan),
+]
+
+
+def _same_nonfinite(got, want, rtol):
+    """None when got has want's NaN/+Inf/-Inf pattern and close finite values, else why."""
+    g, w = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    for what, test in (("NaN", np.isnan), ("+Inf", np.isposinf), ("-Inf", np.isneginf)):
+        if not np.array_equal(test(g), test(w)):
+            return (f"{what} at {int(test(g).sum())} places, reference at "
+                    f"{int(test(w).sum())}")
+    fin = np.isfinite(w)
+    scale = max(1.0, float(np.max(np.abs(w[fin])))) if fin.any() else 1.0
+    if not np.allclose(g[fin], w[fin], rtol=rtol, atol=rtol * scale):
+        return "finite values differ"
+    return None
+
+
+def _nonfinite_mismatches(dtype, activation):
+    rng = np.random.default_rng(3)
+    base = make_inputs(rng, 4, 3, 3, 5, mask="float", dtype=dtype)
+    flags = dict(activation=activation)
+    fwd_op = jax.jit(lambda i: op(**i, **flags, training=True))
+    fwd_ref = ref_jit(lambda i: ref(**i, **flags, training=True))
+    rtol = 1e-5 if dtype == jnp.float32 else 1e-10
+    bad = []
+    for name, index, value in NONFINITE_PLACES:
+        inputs = dict(base)
+        inputs[name] = inputs[name].at[index].set(value)
+        for out, g, w in zip(("y", "z"), fwd_op(inputs), fwd_ref(inputs)):
+            why = _same_nonfinite(g, w, rtol)
+            if why:
+                bad.append(f"{name}{list(index)}={value}: {out}: {why}")
+    # The gradient op with a non-finite source gradient or z state.
+    grads_op = jax.jit(lambda i, dy, z: jax_sgrnn.single_gate_rnn_gradients(
+        i["source"], i["recurrent_weight"], dy, z, i["input_weight"], i["bias"],
+        i["init_state"], i["mask"], **flags))
+    grads_ref = ref_jit(lambda i, dy, z: jax_sgrnn.reference_gradients(
+        i["source"], i["recurrent_weight"], dy, z, i["input_weight"], i["bias"],
+        i["init_state"], i["mask"], **flags))
+    _, z = fwd_ref(base)
+    dy = random_array(rng, z.shape, dtype)
+    for name, index, value in (("dy", (2, 1, 3), np.nan), ("dy", (1, 1, 1), np.inf),
+                               ("z", (3, 0, 2), np.nan), ("z", (1, 2, 0), np.inf)):
+        args = dict(dy=dy, z=z)
+        args[name] = args[name].at[index].set(value)
+        for k, (g, w) in enumerate(zip(grads_op(base, **args), grads_ref(base, **args))):
+            why = _same_nonfinite(g, w, rtol)
+            if why:
+                bad.append(f"{name}{list(index)}={value}: gradient {k}: {why}")
+    return bad
+
+
+# Where the handler's activation maps NaN differently from the reference (see the test).
+_KNOWN_NAN_BUGS = {np.dtype(np.float32): ("tanh", "sigmoid", "hard_sigmoid"),
+                   np.dtype(np.float64): ("hard_sigmoid",)}
+
+
+@pytest.mark.parametrize("dtype,activation", [
+    pytest.param(dtype, act, id=f"{np.dtype(dtype).name[:1]}{np.dtype(dtype).itemsize * 8}-{act}",
+                 marks=[BUG_NAN] if act in _KNOWN_NAN_BUGS[np.dtype(dtype)] else [])
+    for dtype in (jnp.float32, jnp.float64) for act in ACTIVATIONS])
+def test_nan_and_inf_propagate_like_the_reference(dtype, activation):
+    """NaN/Inf in the source, initial state, mask, input weight, bias, source gradient or z:
+    the op's outputs (y, z) and the gradient op's results have the reference's NaN, +Inf and
+    -Inf entries and its finite values.
+
+    BUG, failing for tanh, sigmoid and hard_sigmoid in float32 and hard_sigmoid in float64
+    (csrc/sgrnn/core.h): FastTanh's clamp `std::max(-c, std::min(c, x))` turns NaN into +c,
+    so tanh(NaN) = 0.99999976 and sigmoid(NaN) = 0.99999988 where the reference gives NaN;
+    hard sigmoid's `std::max(0, std::min(1, v))` gives 1 for NaN where the reference's
+    `where` chain gives 0. (relu: both give 0 since the reference's `where(z > 0, z, 0)`.)"""
+    bad = _nonfinite_mismatches(dtype, activation)
+    known = activation in _KNOWN_NAN_BUGS[np.dtype(dtype)]
+    assert not bad, ("BUG (the handler's activation maps NaN differently): " if known
+                     else "") + "\n".join(bad)
+
+
+@BUG_ABSENT_H0
+@pytest.mark.parametrize("value", [np.inf, np.nan], ids=["inf", "nan"])
+def test_BUG_absent_init_state_with_nonfinite_recurrent_weight(value):
+    """BUG (low severity; csrc/cpu/kernels.cc Forward skips step 0's h R^T when h0 is
+    absent): with no init_state the reference computes z[0] = x' + (0 * m[0]) R^T, which is
+    NaN where R holds an Inf or NaN (0 * Inf = NaN); the handler treats the missing state as
+    a hard zero and returns a finite z[0] (later steps agree again only by accident)."""
+    rng = np.random.default_rng(4)
+    inputs = make_inputs(rng, 3, 2, 3, 4, init_state=False, dtype=jnp.float64)
+    inputs["recurrent_weight"] = inputs["recurrent_weight"].at[1, 2].set(value)
+    got = jax.jit(lambda i: op(**i, activation="none", training=True))(inputs)
+    want = ref_jit(lambda i: ref(**i, activation="none", training=True))(inputs)
+    for out, g, w in zip(("y", "z"), got, want):
+        assert _same_nonfinite(g, w, 1e-10) is None, (out, np.asarray(g[0]), np.asarray(w[0]))
+
+
+# ------------------------------------------------------------------ hidden 1, batch 1
+
+@pytest.mark.parametrize("activation,bidirectional,reverse", [
+    ("none", False, False), ("relu", True, False), ("tanh", False, True),
+    ("sigmoid", True, True), ("hard_sigmoid", False, False)])
+def test_hidden_size_1_and_batch_1(activation, bidirectional, reverse):
+    """H = 1, N = 1, I = 1 over T = 37 steps with every optional input and a bool mask,
+    float64: forward and gradients against the reference."""
+    rng = np.random.default_rng(5)
+    inputs = make_inputs(rng, 37, 1, 1, 1, bidirectional=bidirectional, mask="bool")
+    dy = random_array(rng, (37, 1, 2 if bidirectional else 1), jnp.float64)
+    flags = dict(activation=activation, bidirectional=bidirectional, reverse=reverse)
+    got = _value_and_grad(op, flags)(inputs, dy)
+    want = _value_and_grad(ref, flags)(inputs, dy)
+    assert got[1].shape == (37, 1, 2 if bidirectional else 1)
+    assert_close(got, want, err_msg="H=N=I=1")

@@ -1,0 +1,61 @@
+"""Every instruction-set build of the CPU kernels against the reference.
+
+The process picks one build at load time (the best the CPU runs); SGRNN_CPU_ISA selects
+another, so each build is checked in a subprocess of its own.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import jax_sgrnn
+
+CHECK = textwrap.dedent("""
+    import itertools, sys
+    import jax, jax.numpy as jnp, numpy as np
+    jax.config.update("jax_enable_x64", True)
+    import jax_sgrnn
+    from jax_sgrnn._native import _sgrnn_cpu
+    assert _sgrnn_cpu.selected_isa() == sys.argv[1], _sgrnn_cpu.selected_isa()
+    rng = np.random.default_rng(0)
+    T, N, I, H = 9, 5, 3, 40  # large enough for the parallel pieces
+    for dtype, tol in ((np.float64, 1e-10), (np.float32, 2e-5)):
+        for act, bidi, rev in itertools.product(["none", "relu", "tanh", "sigmoid", "hard_sigmoid"],
+                                                [False, True], [False, True]):
+            D = 2 if bidi else 1
+            a = lambda *s, scale=1.0: jnp.asarray(rng.normal(size=s) * scale, dtype)
+            args = (a(T, N, I), a(*((2, H, H) if bidi else (H, H)), scale=0.3 / H ** 0.5),
+                    a(D * H, I), a(D * H), a(N, D * H), rng.random((T, 1, D * H)) > 0.3)
+            kw = dict(activation=act, bidirectional=bidi, reverse=rev)
+            loss = lambda f: lambda *p: jnp.sum(jnp.sin(f(*p, **kw)))
+            for got, want in zip(jax.grad(loss(jax_sgrnn.single_gate_rnn), argnums=(0, 1, 2, 3, 4))(*args),
+                                 jax.grad(loss(jax_sgrnn.reference), argnums=(0, 1, 2, 3, 4))(*args)):
+                np.testing.assert_allclose(got, want, rtol=tol, atol=tol, err_msg=str((dtype, kw)))
+    # Saturation and NaN, where the builds' rational tanh differs most.
+    x = jnp.asarray([[[1e30]], [[-1e30]], [[jnp.nan]]], jnp.float32)
+    for act in ["tanh", "sigmoid", "relu", "hard_sigmoid"]:
+        R = jnp.zeros((1, 1), jnp.float32)
+        np.testing.assert_array_equal(jax_sgrnn.single_gate_rnn(x, R, activation=act),
+                                      jax_sgrnn.reference(x, R, activation=act))
+    print("ok")
+""")
+
+
+@pytest.mark.parametrize("isa", ["baseline", "x86-64-v3", "x86-64-v4"])
+def test_instruction_set_build_matches_reference(isa):
+    if "cpu" not in jax_sgrnn.NATIVE_PLATFORMS:
+        pytest.fail("the CPU handler did not load")
+    env = dict(os.environ, SGRNN_CPU_ISA=isa, JAX_PLATFORMS="cpu")
+    probe = subprocess.run(
+        [sys.executable, "-c", "from jax_sgrnn._native import _sgrnn_cpu as m; "
+                               "print(m.selected_isa())"],
+        env=env, capture_output=True, text=True, check=True)
+    if probe.stdout.strip() != isa:
+        pytest.skip(f"this CPU does not run the {isa} build")
+    result = subprocess.run([sys.executable, "-c", CHECK, isa], env=env, capture_output=True,
+                            text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().endswith("ok")
