@@ -28,11 +28,14 @@ DEFAULT_SHAPES = ["100,32,256,256", "200,64,512,512", "1000,8,128,128", "50,256,
                   "100,16,64,64"]
 
 
-def median_seconds(fn, repeats: int, warmup: int = 3) -> float:
+def median_seconds(fn, repeats: int, warmup: int = 3, min_total: float = 0.5) -> float:
+    """Median of at least `repeats` timed runs, and of more for fast functions (runs continue
+    until `min_total` seconds have been timed), after `warmup` untimed ones."""
+    time.sleep(0.2)  # let the previous measurement's thread pools go idle
     for _ in range(warmup):
         fn()
     times = []
-    for _ in range(repeats):
+    while len(times) < repeats or sum(times) < min_total:
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
@@ -86,7 +89,8 @@ def torch_timers(x, R, W, b, h0, c):
 def main(argv=None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", nargs="+", default=DEFAULT_SHAPES, help="T,N,I,H ...")
-    parser.add_argument("--repeats", type=int, default=10, help="timed runs per measurement")
+    parser.add_argument("--repeats", type=int, default=10,
+                        help="minimum timed runs per measurement (fast ones run for 0.5 s)")
     parser.add_argument("--no-torch", action="store_true", help="skip PyTorch")
     parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args(argv)
@@ -101,7 +105,8 @@ def main(argv=None) -> list[dict]:
         have_torch = False
 
     print(f"jax {jax.__version__} on {platform.processor() or platform.machine()}, "
-          f"{jax.devices()[0].device_kind}; median of {args.repeats} after warm-up; float32")
+          f"{jax.devices()[0].device_kind}; median of >= {args.repeats} runs (>= 0.5 s) after "
+          f"warm-up; float32")
     rows = []
     header = (f"{'T,N,I,H':>16} {'pass':>8} {'op ms':>9} {'scan ms':>9} {'torch ms':>9} "
               f"{'xlaproj':>9} {'op GF/s':>8} {'vs scan':>8} {'vs torch':>8}")

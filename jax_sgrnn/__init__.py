@@ -19,3 +19,12 @@ __all__ = [
     "single_gate_rnn_gradients",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # jax_sgrnn.nn needs Flax (the [flax] extra): imported on first use, not with the package.
+    if name == "nn":
+        import importlib
+
+        return importlib.import_module(".nn", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

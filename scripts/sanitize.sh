@@ -8,7 +8,9 @@
 #
 # Default subset: tests/test_op*.py, test_edges.py, test_transforms.py, test_fuzz.py,
 # test_handler_direct.py, test_concurrency.py, test_extreme.py (those present). About 7
-# minutes on 2 busy cores, the build included.
+# minutes on 2 busy cores, the build included. tests/test_isa_builds.py is left out (one
+# subprocess per instruction-set build, ~25 s each normally, far slower under ASan); pass it
+# as an argument to run every build under the sanitizers.
 #
 # Environment:
 #   PYTHON     the interpreter whose jax / scipy-openblas32 / pytest to use (default python3);

@@ -1,11 +1,11 @@
 """Extreme inputs: very long sequences, huge and tiny values, NaN and Inf, H = 1 and N = 1.
 
-Tests marked ``known_bug`` (named ``test_BUG_*``, or parameters of the NaN test) fail against
-the current handler: each documents a divergence from the reference that docs/reliability.md
-lists under "Findings", with its cause and suggested fix, and is meant to pass once the
-handler is fixed. They fail by default; ``SGRNN_XFAIL_KNOWN_BUGS=1`` turns them into strict
-xfails (reported, not failing; an unexpected pass fails) for runs that must stay green
-until the fix lands.
+Three of these tests are regression tests for handler bugs they found, since fixed (see
+docs/reliability.md, "What the checks found, and the fixes"): NaN mapped to a number by the
+clamped activations (test_nan_and_inf_propagate_like_the_reference), a float32 tanh that
+saturated short of 1 in the FMA builds (test_huge_values_saturate_exactly_float32), and the
+step-0 product skipped when init_state is absent
+(test_absent_init_state_with_nonfinite_recurrent_weight).
 """
 
 from __future__ import annotations
@@ -31,17 +31,6 @@ ref_jit = getattr(conftest, "ref_jit", jax.jit)
 op, ref = jax_sgrnn.single_gate_rnn, jax_sgrnn.reference
 DIFF = ("source", "recurrent_weight", "input_weight", "bias", "init_state")
 UNDER_ASAN = "libasan" in os.environ.get("LD_PRELOAD", "")
-
-
-def known_bug(reason: str):
-    """Marks a test that fails until the handler bug `reason` is fixed (see module doc)."""
-    return pytest.mark.xfail(os.environ.get("SGRNN_XFAIL_KNOWN_BUGS") == "1",
-                             reason="known bug: " + reason, strict=True)
-
-
-BUG_SATURATION = known_bug("FastTanh saturates at 1 - 2**-22, not 1, in the FMA builds")
-BUG_NAN = known_bug("the handler's clamped activations map NaN to a number")
-BUG_ABSENT_H0 = known_bug("absent init_state skips 0 * R at step 0")
 
 
 def _value_and_grad(rnn, flags):
@@ -180,13 +169,15 @@ def test_huge_values_saturating_float64(activation):
     _check_huge(jnp.float64, activation)
 
 
-@BUG_SATURATION
 @pytest.mark.parametrize("activation", ["tanh", "sigmoid"])
-def test_BUG_huge_values_saturating_float32(activation):
-    """BUG (csrc/sgrnn/core.h FastTanh): in the FMA builds (x86-64-v3/v4) the clamped
-    rational tanh gives 0.99999976, not 1, at the clamp, so a saturated unit has
-    tanh' = 1 - h^2 = 4.8e-7 (sigmoid: 1.2e-7) instead of 0 and d input_weight,
-    d recurrent_weight come out ~1e24 where the reference (and the math) gives 0."""
+def test_huge_values_saturate_exactly_float32(activation):
+    """Regression test: at 1e30 the float32 outputs and gradients must be the reference's,
+    which needs tanh to saturate to exactly +-1 (sigmoid to exactly 0 and 1) so that a
+    saturated unit's derivative 1 - h^2 is exactly 0. Guards csrc/sgrnn/core.h FastTanh,
+    whose clamped rational form gave 0.99999976 at the clamp in the FMA builds
+    (x86-64-v3/v4): tanh' = 4.8e-7 (sigmoid: 1.2e-7), and d input_weight, d recurrent_weight
+    of ~1e24 where the reference (and the math) gives 0. Only the build this process selects
+    runs here; tests/test_isa_builds.py checks saturation in every build."""
     _check_huge(jnp.float32, activation)
 
 
@@ -289,38 +280,30 @@ def _nonfinite_mismatches(dtype, activation):
     return bad
 
 
-# Where the handler's activation maps NaN differently from the reference (see the test).
-_KNOWN_NAN_BUGS = {np.dtype(np.float32): ("tanh", "sigmoid", "hard_sigmoid"),
-                   np.dtype(np.float64): ("hard_sigmoid",)}
-
-
 @pytest.mark.parametrize("dtype,activation", [
-    pytest.param(dtype, act, id=f"{np.dtype(dtype).name[:1]}{np.dtype(dtype).itemsize * 8}-{act}",
-                 marks=[BUG_NAN] if act in _KNOWN_NAN_BUGS[np.dtype(dtype)] else [])
+    pytest.param(dtype, act,
+                 id=f"{np.dtype(dtype).name[:1]}{np.dtype(dtype).itemsize * 8}-{act}")
     for dtype in (jnp.float32, jnp.float64) for act in ACTIVATIONS])
 def test_nan_and_inf_propagate_like_the_reference(dtype, activation):
     """NaN/Inf in the source, initial state, mask, input weight, bias, source gradient or z:
     the op's outputs (y, z) and the gradient op's results have the reference's NaN, +Inf and
     -Inf entries and its finite values.
 
-    BUG, failing for tanh, sigmoid and hard_sigmoid in float32 and hard_sigmoid in float64
-    (csrc/sgrnn/core.h): FastTanh's clamp `std::max(-c, std::min(c, x))` turns NaN into +c,
-    so tanh(NaN) = 0.99999976 and sigmoid(NaN) = 0.99999988 where the reference gives NaN;
-    hard sigmoid's `std::max(0, std::min(1, v))` gives 1 for NaN where the reference's
-    `where` chain gives 0. (relu: both give 0 since the reference's `where(z > 0, z, 0)`.)"""
+    Regression test for the activations in csrc/sgrnn/core.h, which must keep NaN as NaN:
+    FastTanh's former clamp `std::max(-c, std::min(c, x))` turned NaN into +c (tanh(NaN) =
+    0.99999976, sigmoid(NaN) = 0.99999988 in float32), and hard sigmoid's
+    `std::max(0, std::min(1, v))` gave 1 for NaN (float32 and float64). relu keeps NaN too,
+    in the handler and in the reference."""
     bad = _nonfinite_mismatches(dtype, activation)
-    known = activation in _KNOWN_NAN_BUGS[np.dtype(dtype)]
-    assert not bad, ("BUG (the handler's activation maps NaN differently): " if known
-                     else "") + "\n".join(bad)
+    assert not bad, "\n".join(bad)
 
 
-@BUG_ABSENT_H0
 @pytest.mark.parametrize("value", [np.inf, np.nan], ids=["inf", "nan"])
-def test_BUG_absent_init_state_with_nonfinite_recurrent_weight(value):
-    """BUG (low severity; csrc/cpu/kernels.cc Forward skips step 0's h R^T when h0 is
-    absent): with no init_state the reference computes z[0] = x' + (0 * m[0]) R^T, which is
-    NaN where R holds an Inf or NaN (0 * Inf = NaN); the handler treats the missing state as
-    a hard zero and returns a finite z[0] (later steps agree again only by accident)."""
+def test_absent_init_state_with_nonfinite_recurrent_weight(value):
+    """Regression test: with no init_state, step 0 still takes the product of a zero state
+    with R, as the reference's z[0] = x' + (0 * m[0]) R^T does, so an Inf or NaN in R gives
+    NaN in z[0] (0 * Inf = NaN). Guards csrc/cpu/kernels.cc Forward, which used to skip that
+    product when h0 was absent and so returned a finite z[0]."""
     rng = np.random.default_rng(4)
     inputs = make_inputs(rng, 3, 2, 3, 4, init_state=False, dtype=jnp.float64)
     inputs["recurrent_weight"] = inputs["recurrent_weight"].at[1, 2].set(value)
