@@ -131,8 +131,11 @@ def test_long_sequence_memory_is_linear():
     bound_mb = 16 * arrays_mb + 64
     if UNDER_ASAN:  # ASan's quarantine holds freed memory (up to 256 MB by default)
         bound_mb += 512
+    # cwd: away from the repository root, whose uninstalled jax_sgrnn/ would shadow the
+    # installed package in a `python -c` child.
     proc = subprocess.run([sys.executable, "-c", _MEMORY_SCRIPT, str(LONG_T)],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300,
+                          cwd=os.path.dirname(__file__))
     assert proc.returncode == 0, proc.stderr[-3000:]
     rss = json.loads(proc.stdout.strip().splitlines()[-1])
     growth = rss["after"] - rss["before"]

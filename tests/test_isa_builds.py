@@ -49,13 +49,16 @@ def test_instruction_set_build_matches_reference(isa):
     if "cpu" not in jax_sgrnn.NATIVE_PLATFORMS:
         pytest.fail("the CPU handler did not load")
     env = dict(os.environ, SGRNN_CPU_ISA=isa, JAX_PLATFORMS="cpu")
+    # cwd: away from the repository root, whose uninstalled jax_sgrnn/ would shadow the
+    # installed package in a `python -c` child.
+    here = os.path.dirname(__file__)
     probe = subprocess.run(
         [sys.executable, "-c", "from jax_sgrnn._native import _sgrnn_cpu as m; "
                                "print(m.selected_isa())"],
-        env=env, capture_output=True, text=True, check=True)
+        env=env, capture_output=True, text=True, check=True, cwd=here)
     if probe.stdout.strip() != isa:
         pytest.skip(f"this CPU does not run the {isa} build")
     result = subprocess.run([sys.executable, "-c", CHECK, isa], env=env, capture_output=True,
-                            text=True)
+                            text=True, cwd=here)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().endswith("ok")

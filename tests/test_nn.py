@@ -3,6 +3,7 @@ outputs, gradients, layouts, initialisation, dropout, nnx.jit, optax and state r
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -43,7 +44,9 @@ def params_of(layer: SingleGateRNN) -> dict:
 def test_core_package_does_not_import_flax():
     code = ("import sys, jax_sgrnn; assert 'flax' not in sys.modules, 'flax imported'; "
             "import jax_sgrnn.nn; assert 'flax' in sys.modules")
-    subprocess.run([sys.executable, "-c", code], check=True)
+    # cwd: away from the repository root, whose uninstalled jax_sgrnn/ would shadow the
+    # installed package in a `python -c` child.
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=os.path.dirname(__file__))
 
 
 # (bidirectional, reverse, use_bias, use_input_weight, with init_state, mask kind, activation)
