@@ -18,10 +18,12 @@ import numpy as np
 import jax_sgrnn
 
 
-def median_ms(fn, repeats: int = 30) -> float:
-    jax.block_until_ready(fn())  # compile and warm up
+def median_ms(fn, min_runs: int = 30, min_seconds: float = 0.5) -> float:
+    """Median time of `fn` over at least `min_runs` runs and `min_seconds`, after warm-up."""
+    for _ in range(3):
+        jax.block_until_ready(fn())  # compile and warm up
     times = []
-    for _ in range(repeats):
+    while len(times) < min_runs or sum(times) < min_seconds:
         start = time.perf_counter()
         jax.block_until_ready(fn())
         times.append(time.perf_counter() - start)
