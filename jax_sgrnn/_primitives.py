@@ -19,7 +19,7 @@ import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching
 
-from ._spec import OPTIONAL_NAMES, Dims, SingleGateRNNDescriptor, check_shapes
+from ._spec import OPTIONAL_NAMES, Dims, SingleGateRNNDescriptor, check_shapes, shape_of
 from .reference import reference, reference_gradients
 
 
@@ -79,10 +79,6 @@ def _no_higher_derivatives(primitive: Primitive):
     return jvp
 
 
-def _shape(a) -> Optional[tuple]:
-    return None if a is None else tuple(a.shape)
-
-
 # ----------------------------------------------------------------------------- forward
 
 forward_p = Primitive("sgrnn_forward")
@@ -91,7 +87,7 @@ forward_p.multiple_results = True
 
 def _forward_abstract_eval(x, R, *rest, config: OpConfig):
     opt = config.optionals(rest)
-    dims = check_shapes(x.shape, R.shape, *(_shape(opt[n]) for n in OPTIONAL_NAMES),
+    dims = check_shapes(x.shape, R.shape, *(shape_of(opt[n]) for n in OPTIONAL_NAMES),
                         config.descriptor.bidirectional)
     out = jax.core.ShapedArray(dims.state_shape, x.dtype)
     return [out, out] if config.descriptor.training else [out]
@@ -108,7 +104,7 @@ def forward_reference(x, R, *rest, config: OpConfig) -> list:
     return list(out) if config.descriptor.training else [out]
 
 
-def _unmapped_shape(a, bdim) -> list:
+def _unmappedshape_of(a, bdim) -> list:
     shape = list(a.shape)
     if bdim is not None:
         del shape[bdim]
@@ -141,7 +137,7 @@ def _forward_batch(args, dims, *, config: OpConfig):
     xd, _, *rest_dims = dims
     opt = config.optionals(rest)
     opt_dims = config.optionals(rest_dims)
-    N = _unmapped_shape(x, xd)[1]
+    N = _unmappedshape_of(x, xd)[1]
     # Mapped examples become more rows of the batch axis N: one call of the same kernel.
     x = _fold(x, xd, size, 1, (None, N))
     if opt["init_state"] is not None:
@@ -176,7 +172,7 @@ def gradient_dims(x, R, dy, z, rest, config: OpConfig) -> tuple[int, Dims]:
     if opt["mask"] is not None and opt["mask"].shape[0] not in (1, G):
         raise ValueError(f"mask: expected a leading group axis of size 1 or {G}")
     strip = lambda a: None if a is None else tuple(a.shape[1:])
-    dims = check_shapes(strip(x), R.shape, _shape(opt["input_weight"]), _shape(opt["bias"]),
+    dims = check_shapes(strip(x), R.shape, shape_of(opt["input_weight"]), shape_of(opt["bias"]),
                         strip(opt["init_state"]), strip(opt["mask"]),
                         config.descriptor.bidirectional,
                         [("source_gradient", strip(dy)), ("z_state", strip(z))])
@@ -225,7 +221,7 @@ def _gradients_batch(args, dims, *, config: OpConfig):
         return out, [0] * len(out)
     x, R, dy, z, *rest = args
     xd, _, dyd, zd, *rest_dims = dims
-    G = _unmapped_shape(x, xd)[0]
+    G = _unmappedshape_of(x, xd)[0]
     # Mapped examples become more groups: one call, per-example weight gradients.
     x, dy, z = (_fold(a, d, size, 0, (G,)) for a, d in ((x, xd), (dy, dyd), (z, zd)))
     opt = config.optionals(rest)

@@ -1,7 +1,8 @@
 """The op's contract in one place: descriptor, activations, dtypes and shape rules.
 
-Every entry point (public ops, primitives' abstract eval, the reference) validates through
-:func:`check_shapes`, so an error message reads the same wherever it is raised.
+Every entry point validates through :func:`check_shapes` (the public ops and the reference via
+:func:`validate`, the primitives' abstract eval directly), so an error message reads the same
+wherever it is raised.
 """
 
 from __future__ import annotations
@@ -186,3 +187,23 @@ def check_dtypes(**arrays) -> np.dtype:
             raise TypeError(f"{name}: dtype {dt} does not match source's {dtype}; "
                             "all float inputs must share one dtype")
     return dtype
+
+
+def shape_of(a) -> Optional[Shape]:
+    """``a``'s shape, or None for a missing optional input."""
+    return None if a is None else tuple(a.shape)
+
+
+def validate(source, recurrent_weight, input_weight, bias, init_state, mask,
+             bidirectional: bool, state_arrays: Sequence[tuple[str, object]] = ()):
+    """Checks the user's arrays (dtypes, then shapes); returns (their dtype, problem sizes).
+
+    ``state_arrays`` are (name, array) pairs laid out like ``y``.
+    """
+    dtype = check_dtypes(source=source, recurrent_weight=recurrent_weight,
+                         input_weight=input_weight, bias=bias, init_state=init_state, mask=mask,
+                         **dict(state_arrays))
+    dims = check_shapes(source.shape, recurrent_weight.shape, shape_of(input_weight),
+                        shape_of(bias), shape_of(init_state), shape_of(mask), bidirectional,
+                        [(n, a.shape) for n, a in state_arrays])
+    return dtype, dims

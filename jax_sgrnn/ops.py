@@ -15,8 +15,7 @@ from jax.custom_derivatives import SymbolicZero, custom_vjp_primal_tree_values
 
 from . import _lowering  # noqa: F401  (registers the lowerings)
 from ._primitives import OpConfig, forward_p, gradients_p
-from ._spec import Activation, SingleGateRNNDescriptor, check_dtypes, check_shapes
-from ._spec import resolve_descriptor
+from ._spec import Activation, SingleGateRNNDescriptor, resolve_descriptor, validate
 from .reference import reference
 
 ArrayLike = jax.typing.ArrayLike
@@ -29,10 +28,7 @@ def _prepare(source, recurrent_weight, input_weight, bias, init_state, mask, des
     arr = lambda a: None if a is None else jnp.asarray(a)
     x, R, W, b, h0, m = map(arr, (source, recurrent_weight, input_weight, bias, init_state, mask))
     state_arrays = [(n, arr(a)) for n, a in state_arrays]
-    dtype = check_dtypes(source=x, recurrent_weight=R, input_weight=W, bias=b, init_state=h0,
-                         mask=m, **dict(state_arrays))
-    check_shapes(x.shape, R.shape, *(None if a is None else a.shape for a in (W, b, h0, m)),
-                 desc.bidirectional, [(n, a.shape) for n, a in state_arrays])
+    dtype, _ = validate(x, R, W, b, h0, m, desc.bidirectional, state_arrays)
     if m is not None:
         m = lax.stop_gradient(m.astype(dtype).reshape((1,) * (3 - m.ndim) + m.shape))
     config = OpConfig.of(desc.replace(training=False), W, b, h0, m)

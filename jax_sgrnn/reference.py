@@ -13,8 +13,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ._spec import Activation, Dims, SingleGateRNNDescriptor, check_dtypes, check_shapes
-from ._spec import resolve_descriptor
+from ._spec import Activation, Dims, SingleGateRNNDescriptor, resolve_descriptor, validate
 
 _HIGHEST = lax.Precision.HIGHEST
 
@@ -83,15 +82,8 @@ def _halves(a, dims: Dims):
 def _prepare(source, recurrent_weight, input_weight, bias, init_state, mask, descriptor,
              state_shapes=()):
     """Validates, casts to the compute dtype and fills in the defaults of missing inputs."""
-    dtype = check_dtypes(source=source, recurrent_weight=recurrent_weight,
-                         input_weight=input_weight, bias=bias, init_state=init_state, mask=mask,
-                         **dict(state_shapes))
-    dims = check_shapes(source.shape, recurrent_weight.shape,
-                        None if input_weight is None else input_weight.shape,
-                        None if bias is None else bias.shape,
-                        None if init_state is None else init_state.shape,
-                        None if mask is None else mask.shape, descriptor.bidirectional,
-                        [(n, a.shape) for n, a in state_shapes])
+    dtype, dims = validate(source, recurrent_weight, input_weight, bias, init_state, mask,
+                           descriptor.bidirectional, state_shapes)
     cdt = compute_dtype(dtype)
     cast = lambda a: None if a is None else jnp.asarray(a).astype(cdt)
     R = cast(recurrent_weight).reshape(dims.D, dims.H, dims.H)
