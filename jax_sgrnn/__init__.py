@@ -1,24 +1,40 @@
 """jax_sgrnn: Apple MPSGraph's single-gate (Elman) RNN and its gradient op for JAX.
 
 ``single_gate_rnn`` / ``single_gate_rnn_gradients`` follow MPSGraph's semantics; on CPU they
-run native XLA FFI handlers, elsewhere the ``lax.scan`` decomposition (``reference``).
+run a native XLA FFI handler (C++, or MPSGraph on an Apple GPU: ``set_cpu_backend``),
+elsewhere the ``lax.scan`` decomposition (``reference``). ``backends()`` says which handlers
+are available here.
 """
 
-from ._native import NATIVE_PLATFORMS
+from importlib.metadata import PackageNotFoundError, version
+
+from ._backends import Backend, backends, get_cpu_backend, set_cpu_backend
 from ._spec import Activation, SingleGateRNNDescriptor
 from .ops import single_gate_rnn, single_gate_rnn_gradients
 from .reference import reference, reference_gradients
 
 __all__ = [
     "Activation",
+    "Backend",
     "NATIVE_PLATFORMS",
     "SingleGateRNNDescriptor",
+    "backends",
+    "get_cpu_backend",
     "reference",
     "reference_gradients",
+    "set_cpu_backend",
     "single_gate_rnn",
     "single_gate_rnn_gradients",
 ]
-__version__ = "0.1.0"
+
+#: Platforms on which some native backend is available (everywhere else: the decomposition).
+NATIVE_PLATFORMS: tuple[str, ...] = tuple(
+    dict.fromkeys(b.platform for b in backends().values() if b.available))
+
+try:  # one source for the version: pyproject.toml, through the installed metadata
+    __version__ = version("jax-sgrnn")
+except PackageNotFoundError:  # an uninstalled source tree
+    __version__ = "0+unknown"
 
 
 def __getattr__(name: str):

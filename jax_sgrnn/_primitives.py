@@ -11,6 +11,7 @@ come from one call.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Optional, Sequence
 
 import jax
@@ -25,18 +26,26 @@ from .reference import reference, reference_gradients
 
 @dataclasses.dataclass(frozen=True)
 class OpConfig:
-    """Static parameters of both primitives: the descriptor and which inputs are present."""
+    """Static parameters of both primitives: the descriptor, which inputs are present, and the
+    backends the call lowers to (``_backends.backends_for``; none: the decomposition).
+
+    ``descriptor.training`` says whether the forward primitive returns z; the gradient
+    primitive's config always has it False (the gradient op takes no such flag).
+    """
 
     descriptor: SingleGateRNNDescriptor
     has_input_weight: bool
     has_bias: bool
     has_init_state: bool
     has_mask: bool
+    backends: tuple[str, ...] = ()
 
     @classmethod
-    def of(cls, descriptor, input_weight, bias, init_state, mask) -> "OpConfig":
-        return cls(descriptor, input_weight is not None, bias is not None,
-                   init_state is not None, mask is not None)
+    def of(cls, descriptor, input_weight, bias, init_state, mask,
+           backends: tuple[str, ...] = ()) -> "OpConfig":
+        return cls(descriptor=descriptor, has_input_weight=input_weight is not None,
+                   has_bias=bias is not None, has_init_state=init_state is not None,
+                   has_mask=mask is not None, backends=backends)
 
     @property
     def present(self) -> tuple[bool, bool, bool, bool]:
@@ -53,11 +62,14 @@ class OpConfig:
         """The present optional operands in primitive order."""
         return [optionals[n] for n in OPTIONAL_NAMES if optionals[n] is not None]
 
-    def ffi_attributes(self, training: bool) -> dict:
+    def with_training(self, training: bool) -> "OpConfig":
+        return dataclasses.replace(self, descriptor=self.descriptor.replace(training=training))
+
+    def ffi_attributes(self) -> dict:
         """The typed FFI attributes (csrc/sgrnn/ffi_schema.h's ``Config``)."""
         d = self.descriptor
         return dict(activation=np.int32(d.activation), reverse=np.bool_(d.reverse),
-                    bidirectional=np.bool_(d.bidirectional), training=np.bool_(training),
+                    bidirectional=np.bool_(d.bidirectional), training=np.bool_(d.training),
                     has_input_weight=np.bool_(self.has_input_weight),
                     has_bias=np.bool_(self.has_bias), has_init_state=np.bool_(self.has_init_state),
                     has_mask=np.bool_(self.has_mask))
@@ -104,54 +116,49 @@ def forward_reference(x, R, *rest, config: OpConfig) -> list:
     return list(out) if config.descriptor.training else [out]
 
 
-def _unmappedshape_of(a, bdim) -> list:
-    shape = list(a.shape)
-    if bdim is not None:
-        del shape[bdim]
-    return shape
-
-
-def _fold(a, bdim: Optional[int], size: int, axis: int, full: Sequence[int]):
-    """Folds the mapped axis of ``a`` into its axis ``axis`` (batch-major), broadcasting
-    unmapped operands and size-1 broadcast axes to ``full`` first."""
+def _fold(a, bdim: Optional[int], size: int, axis: int, full: int):
+    """Folds the mapped axis of ``a`` into its axis ``axis`` (mapped-major), broadcasting an
+    unmapped operand, and a size-1 (broadcast) ``axis``, to ``full`` first."""
     a = (jnp.broadcast_to(a[None], (size, *a.shape)) if bdim is None
          else jnp.moveaxis(a, bdim, 0))
-    a = jnp.broadcast_to(a, (size, *a.shape[1:axis + 1], full[axis], *a.shape[axis + 2:]))
+    a = jnp.broadcast_to(a, (size, *a.shape[1:axis + 1], full, *a.shape[axis + 2:]))
     a = jnp.moveaxis(a, 0, axis)
-    return a.reshape(*a.shape[:axis], size * full[axis], *a.shape[axis + 2:])
+    return a.reshape(*a.shape[:axis], size * full, *a.shape[axis + 2:])
 
 
-def _weights_mapped(dims, config: OpConfig, n_leading: int) -> bool:
-    """True when R, W or b is mapped: the mapped axis cannot join the batch then."""
-    opt_dims = config.optionals(dims[n_leading:])
-    return any(d is not None for d in (dims[1], opt_dims["input_weight"], opt_dims["bias"]))
+def _batch_rule(primitive: Primitive, decomposition, n_leading: int, axis: int):
+    """The batching rule of either primitive.
+
+    Its first ``n_leading`` operands are ``x, R`` (forward) or ``x, R, dy, z`` (gradients);
+    the mapped axis folds into their axis ``axis`` (N for the forward, the group axis G for the
+    gradients), and into the same axis of the mask and axis 0 of the initial state, so the
+    batch stays one call of the same kernel (per-example weight gradients included). Mapped
+    weights (R, W or b) cannot join one call: those get a batched scan of the decomposition.
+    """
+    def rule(args, dims, *, config: OpConfig):
+        size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+        opt_dims = config.optionals(dims[n_leading:])
+        if any(d is not None for d in (dims[1], opt_dims["input_weight"], opt_dims["bias"])):
+            out = jax.vmap(functools.partial(decomposition, config=config), in_axes=dims)(*args)
+            return out, [0] * len(out)
+        x, xd = args[0], dims[0]
+        full = x.shape[axis + (xd is not None and xd <= axis)]  # x's unmapped size at `axis`
+        leading = [a if i == 1 else _fold(a, d, size, axis, full)
+                   for i, (a, d) in enumerate(zip(args[:n_leading], dims[:n_leading]))]
+        opt = config.optionals(args[n_leading:])
+        if opt["init_state"] is not None:
+            opt["init_state"] = _fold(opt["init_state"], opt_dims["init_state"], size, 0, full)
+        mask, mask_dim = opt["mask"], opt_dims["mask"]
+        if mask is not None and (mask_dim is not None or mask.shape[axis] != 1):
+            opt["mask"] = _fold(mask, mask_dim, size, axis, full)
+        out = primitive.bind(*leading, *OpConfig.pack(**opt), config=config)
+        return ([o.reshape(*o.shape[:axis], size, full, *o.shape[axis + 1:]) for o in out],
+                [axis] * len(out))
+    return rule
 
 
-def _forward_batch(args, dims, *, config: OpConfig):
-    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
-    if _weights_mapped(dims, config, 2):
-        # Per-example weights: a batched scan (one computation, vectorised by XLA).
-        out = jax.vmap(lambda *ops: forward_reference(*ops, config=config), in_axes=dims)(*args)
-        return out, [0] * len(out)
-    x, R, *rest = args
-    xd, _, *rest_dims = dims
-    opt = config.optionals(rest)
-    opt_dims = config.optionals(rest_dims)
-    N = _unmappedshape_of(x, xd)[1]
-    # Mapped examples become more rows of the batch axis N: one call of the same kernel.
-    x = _fold(x, xd, size, 1, (None, N))
-    if opt["init_state"] is not None:
-        opt["init_state"] = _fold(opt["init_state"], opt_dims["init_state"], size, 0, (N,))
-    if opt["mask"] is not None:
-        m, md = opt["mask"], opt_dims["mask"]
-        if md is not None or m.shape[1] != 1:
-            opt["mask"] = _fold(m, md, size, 1, (None, N))
-    out = forward_p.bind(x, R, *OpConfig.pack(**opt), config=config)
-    T, _, DH = out[0].shape
-    return [o.reshape(T, size, N, DH) for o in out], [1] * len(out)
-
-
-batching.primitive_batchers[forward_p] = _forward_batch
+batching.primitive_batchers[forward_p] = _batch_rule(forward_p, forward_reference,
+                                                     n_leading=2, axis=1)
 
 # --------------------------------------------------------------------------- gradients
 
@@ -213,27 +220,5 @@ def gradients_reference(x, R, dy, z, *rest, config: OpConfig) -> list:
     return jax.vmap(one, in_axes=(0, 0, 0, axes))(x, dy, z, opt)
 
 
-def _gradients_batch(args, dims, *, config: OpConfig):
-    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
-    if _weights_mapped(dims, config, 4):
-        out = jax.vmap(lambda *ops: gradients_reference(*ops, config=config),
-                       in_axes=dims)(*args)
-        return out, [0] * len(out)
-    x, R, dy, z, *rest = args
-    xd, _, dyd, zd, *rest_dims = dims
-    G = _unmappedshape_of(x, xd)[0]
-    # Mapped examples become more groups: one call, per-example weight gradients.
-    x, dy, z = (_fold(a, d, size, 0, (G,)) for a, d in ((x, xd), (dy, dyd), (z, zd)))
-    opt = config.optionals(rest)
-    opt_dims = config.optionals(rest_dims)
-    if opt["init_state"] is not None:
-        opt["init_state"] = _fold(opt["init_state"], opt_dims["init_state"], size, 0, (G,))
-    if opt["mask"] is not None:
-        m, md = opt["mask"], opt_dims["mask"]
-        if md is not None or m.shape[0] != 1:
-            opt["mask"] = _fold(m, md, size, 0, (G,))
-    out = gradients_p.bind(x, R, dy, z, *OpConfig.pack(**opt), config=config)
-    return [o.reshape(size, G, *o.shape[1:]) for o in out], [0] * len(out)
-
-
-batching.primitive_batchers[gradients_p] = _gradients_batch
+batching.primitive_batchers[gradients_p] = _batch_rule(gradients_p, gradients_reference,
+                                                       n_leading=4, axis=0)

@@ -108,6 +108,12 @@ class Dims:
 
 FLOAT_DTYPES = (jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64)
 
+
+def compute_dtype(dtype):
+    """The reference's rule: float16 and bfloat16 are computed in float32 and stored back in
+    their own dtype. (Each native backend states its own rule: ``_backends.Backend``.)"""
+    return jnp.float32 if jnp.dtype(dtype).itemsize < 4 else dtype
+
 # Names the public API uses for each operand, so messages match the user's call.
 OPTIONAL_NAMES = ("input_weight", "bias", "init_state", "mask")
 

@@ -5,7 +5,6 @@ Inputs are validated here, at trace time; the primitives and their custom VJP fo
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Optional, Union
 
 import jax
@@ -14,6 +13,7 @@ from jax import lax
 from jax.custom_derivatives import SymbolicZero, custom_vjp_primal_tree_values
 
 from . import _lowering  # noqa: F401  (registers the lowerings)
+from ._backends import backends_for
 from ._primitives import OpConfig, forward_p, gradients_p
 from ._spec import Activation, SingleGateRNNDescriptor, resolve_descriptor, validate
 from .reference import reference
@@ -21,27 +21,23 @@ from .reference import reference
 ArrayLike = jax.typing.ArrayLike
 
 
-def _prepare(source, recurrent_weight, input_weight, bias, init_state, mask, desc,
-             state_arrays=()):
-    """Validates the user's inputs; returns them as arrays with the mask normalised
-    (rank 3, input dtype, no gradient) and the op's config."""
+def _normalise(source, recurrent_weight, input_weight, bias, init_state, mask, desc,
+               state_arrays=()):
+    """Validates the user's inputs; returns the op's config (training off; the forward binds
+    set it) and the inputs as arrays, the mask normalised (rank 3, input dtype, no gradient)."""
     arr = lambda a: None if a is None else jnp.asarray(a)
     x, R, W, b, h0, m = map(arr, (source, recurrent_weight, input_weight, bias, init_state, mask))
     state_arrays = [(n, arr(a)) for n, a in state_arrays]
     dtype, _ = validate(x, R, W, b, h0, m, desc.bidirectional, state_arrays)
     if m is not None:
         m = lax.stop_gradient(m.astype(dtype).reshape((1,) * (3 - m.ndim) + m.shape))
-    config = OpConfig.of(desc.replace(training=False), W, b, h0, m)
+    config = OpConfig.of(desc.replace(training=False), W, b, h0, m, backends_for(dtype))
     return config, x, R, W, b, h0, m, [a for _, a in state_arrays]
-
-
-def _with_training(config: OpConfig, training: bool) -> OpConfig:
-    return dataclasses.replace(config, descriptor=config.descriptor.replace(training=training))
 
 
 def _bind_forward(config, training, x, R, W, b, h0, m):
     return forward_p.bind(x, R, *OpConfig.pack(input_weight=W, bias=b, init_state=h0, mask=m),
-                          config=_with_training(config, training))
+                          config=config.with_training(training))
 
 
 def _bind_gradients(config, x, R, dy, z, W, b, h0, m) -> list:
@@ -140,7 +136,7 @@ def single_gate_rnn(
     """
     desc = resolve_descriptor(descriptor, reverse=reverse, bidirectional=bidirectional,
                               training=training, activation=activation)
-    config, x, R, W, b, h0, m, _ = _prepare(source, recurrent_weight, input_weight, bias,
+    config, x, R, W, b, h0, m, _ = _normalise(source, recurrent_weight, input_weight, bias,
                                             init_state, mask, desc)
     if desc.training:
         return _rnn_with_z(config, x, R, W, b, h0, m)
@@ -167,7 +163,8 @@ def single_gate_rnn_gradients(
 
     Args:
       source, recurrent_weight, input_weight, bias, init_state, mask, descriptor: as given to
-        :func:`single_gate_rnn`.
+        :func:`single_gate_rnn`. ``training`` (keyword or descriptor field) is accepted so that
+        the forward's descriptor can be passed as it is, and has no effect here.
       source_gradient: ``dL/dy``, laid out like ``y``.
       z_state: the ``z`` returned by :func:`single_gate_rnn` with ``training=True``.
 
@@ -178,7 +175,7 @@ def single_gate_rnn_gradients(
     """
     desc = resolve_descriptor(descriptor, reverse=reverse, bidirectional=bidirectional,
                               training=training, activation=activation)
-    config, x, R, W, b, h0, m, (dy, z) = _prepare(
+    config, x, R, W, b, h0, m, (dy, z) = _normalise(
         source, recurrent_weight, input_weight, bias, init_state, mask, desc,
         state_arrays=(("source_gradient", source_gradient), ("z_state", z_state)))
     return _bind_gradients(config, x, R, dy, z, W, b, h0, m)

@@ -13,7 +13,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ._spec import Activation, Dims, SingleGateRNNDescriptor, resolve_descriptor, validate
+from ._spec import (Activation, Dims, SingleGateRNNDescriptor, compute_dtype,
+                    resolve_descriptor, validate)
 
 _HIGHEST = lax.Precision.HIGHEST
 
@@ -52,11 +53,6 @@ def activate_grad(activation: Activation, z):
     return jnp.where((z > -2.5) & (z < 2.5), 0.2 * one, zero)
 
 
-def compute_dtype(dtype):
-    """float16 and bfloat16 are computed in float32 and stored back in their own dtype."""
-    return jnp.float32 if jnp.dtype(dtype).itemsize < 4 else dtype
-
-
 def direction_layout(descriptor: SingleGateRNNDescriptor, direction: int) -> tuple[bool, bool]:
     """(consumes source reversed, stores outputs time-flipped) for one direction.
 
@@ -79,9 +75,10 @@ def _halves(a, dims: Dims):
     return [a[..., d * dims.H:(d + 1) * dims.H] for d in range(dims.D)]
 
 
-def _prepare(source, recurrent_weight, input_weight, bias, init_state, mask, descriptor,
-             state_shapes=()):
-    """Validates, casts to the compute dtype and fills in the defaults of missing inputs."""
+def _in_compute_dtype(source, recurrent_weight, input_weight, bias, init_state, mask,
+                      descriptor, state_shapes=()):
+    """Validates; returns (input dtype, sizes, a cast to the compute dtype, then R, h0 and the
+    mask cast and with the defaults of missing inputs filled in)."""
     dtype, dims = validate(source, recurrent_weight, input_weight, bias, init_state, mask,
                            descriptor.bidirectional, state_shapes)
     cdt = compute_dtype(dtype)
@@ -103,8 +100,8 @@ def reference(source, recurrent_weight, input_weight=None, bias=None, init_state
     """
     desc = resolve_descriptor(descriptor, reverse=reverse, bidirectional=bidirectional,
                               training=training, activation=activation)
-    dtype, dims, cast, R, h0, m = _prepare(source, recurrent_weight, input_weight, bias,
-                                           init_state, mask, desc)
+    dtype, dims, cast, R, h0, m = _in_compute_dtype(source, recurrent_weight, input_weight,
+                                                    bias, init_state, mask, desc)
     x = cast(source)
     xp = x if input_weight is None else _matmul_t(x, cast(input_weight))
     if bias is not None:
@@ -141,7 +138,7 @@ def reference_gradients(source, recurrent_weight, source_gradient, z_state, inpu
     """
     desc = resolve_descriptor(descriptor, reverse=reverse, bidirectional=bidirectional,
                               training=training, activation=activation)
-    dtype, dims, cast, R, h0, m = _prepare(
+    dtype, dims, cast, R, h0, m = _in_compute_dtype(
         source, recurrent_weight, input_weight, bias, init_state, mask, desc,
         state_shapes=(("source_gradient", source_gradient), ("z_state", z_state)))
     x, g, z = cast(source), cast(source_gradient), cast(z_state)

@@ -134,9 +134,9 @@ say "checking that the sanitized extension is the one loaded"
 run_python -W error::RuntimeWarning - "$STAGE" <<'EOF'
 import sys
 import jax_sgrnn
-from jax_sgrnn import _native
+from jax_sgrnn import _sgrnn_cpu
 stage = sys.argv[1]
-loaded = _native._sgrnn_cpu.__file__
+loaded = _sgrnn_cpu.__file__
 print("jax_sgrnn:", jax_sgrnn.__file__)
 print("extension:", loaded)
 assert jax_sgrnn.__file__.startswith(stage), "jax_sgrnn is not the staged copy"

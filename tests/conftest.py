@@ -32,9 +32,33 @@ OPTIONAL_PATTERNS = tuple(itertools.product((False, True), repeat=3))
 MASK_KINDS = (None, "bool", "float")
 
 requires_native = pytest.mark.skipif(
-    "cpu" not in jax_sgrnn.NATIVE_PLATFORMS,
-    reason="jax_sgrnn's native CPU handler did not load (NATIVE_PLATFORMS lacks 'cpu'), so "
-           "the op lowers to its lax.scan decomposition and no custom call is emitted")
+    not jax_sgrnn.backends()["native"].available,
+    reason="jax_sgrnn's native CPU handler did not load "
+           f"({jax_sgrnn.backends()['native'].reason}), so no custom call is emitted")
+
+# The suites test the native handler unless a test selects another (the cpu_backend fixture,
+# test_mps.py, test_backends.py): on a Mac, "auto" would pick MPSGraph for all of them.
+if jax_sgrnn.backends()["native"].available:
+    jax_sgrnn.set_cpu_backend("native")
+
+#: The cpu backends the comparison suites run against: every native one available here, then
+#: the lax.scan decomposition ("scan", what platforms without a handler run).
+CPU_BACKENDS = tuple(n for n, b in jax_sgrnn.backends().items() if b.available) + ("scan",)
+
+
+@pytest.fixture(params=CPU_BACKENDS)
+def cpu_backend(request) -> str:
+    """Runs the test once per available cpu backend, that backend selected."""
+    with jax_sgrnn.set_cpu_backend(request.param):
+        yield request.param
+
+
+@pytest.fixture
+def native_backend() -> str:
+    """The native C++ handler selected (on a Mac, "auto" would pick MPSGraph)."""
+    with jax_sgrnn.set_cpu_backend("native"):
+        yield "native"
+
 
 # Tolerances (rtol, atol) per dtype for op-vs-reference comparisons; atol is scaled by the
 # magnitude of the expected value in assert_close.

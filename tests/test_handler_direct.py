@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 
 import jax_sgrnn
-from jax_sgrnn import _native
 from conftest import requires_native
 
 pytestmark = requires_native
+TARGETS = jax_sgrnn.backends()["native"].targets
 
 F32, F64 = jnp.float32, jnp.float64
 T, N, I, H = 3, 2, 4, 5
@@ -64,7 +64,7 @@ def forward_operands(dtype=F32) -> dict:
 
 def call_forward(ops: dict, attributes: dict):
     results = (ops["y"], ops["z"])
-    out = jax.ffi.ffi_call(_native.FORWARD_TARGET, results)(
+    out = jax.ffi.ffi_call(TARGETS["forward"], results)(
         ops["x"], ops["R"], ops["W"], ops["b"], ops["h0"], ops["mask"], **attributes)
     return jax.block_until_ready(out)
 
@@ -81,7 +81,7 @@ def gradient_operands(dtype=F32) -> dict:
 
 def call_gradients(ops: dict, attributes: dict):
     results = tuple(ops[k] for k in ("dx", "dR", "dW", "db", "dh0"))
-    out = jax.ffi.ffi_call(_native.GRADIENTS_TARGET, results)(
+    out = jax.ffi.ffi_call(TARGETS["gradients"], results)(
         *(ops[k] for k in ("x", "R", "dy", "z", "W", "b", "h0", "mask")), **attributes)
     return jax.block_until_ready(out)
 
@@ -292,7 +292,7 @@ def test_error_inside_a_larger_jitted_computation():
 
     @jax.jit
     def program(x, R, W, b, h0, mask):
-        y, z = jax.ffi.ffi_call(_native.FORWARD_TARGET, (ops["y"], ops["z"]))(
+        y, z = jax.ffi.ffi_call(TARGETS["forward"], (ops["y"], ops["z"]))(
             x * 2, R, W, b, h0, mask, **attrs())
         return jnp.sum(y) + jnp.sum(z)
 

@@ -18,7 +18,7 @@ CHECK = textwrap.dedent("""
     import jax, jax.numpy as jnp, numpy as np
     jax.config.update("jax_enable_x64", True)
     import jax_sgrnn
-    from jax_sgrnn._native import _sgrnn_cpu
+    from jax_sgrnn import _sgrnn_cpu
     assert _sgrnn_cpu.selected_isa() == sys.argv[1], _sgrnn_cpu.selected_isa()
     rng = np.random.default_rng(0)
     T, N, I, H = 9, 5, 3, 40  # large enough for the parallel pieces
@@ -53,7 +53,7 @@ def test_instruction_set_build_matches_reference(isa):
     # installed package in a `python -c` child.
     here = os.path.dirname(__file__)
     probe = subprocess.run(
-        [sys.executable, "-c", "from jax_sgrnn._native import _sgrnn_cpu as m; "
+        [sys.executable, "-c", "from jax_sgrnn import _sgrnn_cpu as m; "
                                "print(m.selected_isa())"],
         env=env, capture_output=True, text=True, check=True, cwd=here)
     if probe.stdout.strip() != isa:

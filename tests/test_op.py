@@ -18,6 +18,7 @@ from conftest import (ACTIVATIONS, MASK_KINDS, OPTIONAL_PATTERNS, assert_close, 
 
 op = jax_sgrnn.single_gate_rnn
 ref = jax_sgrnn.reference
+NATIVE = jax_sgrnn.backends()["native"].targets
 
 # (T, N, H) cycled through the grid; I = 3 != H always.
 SHAPES = ((4, 3, 5), (1, 1, 5), (4, 1, 1), (1, 3, 5), (4, 3, 1), (4, 3, 5), (1, 3, 1))
@@ -79,12 +80,12 @@ def _check_op_vs_reference(rng, act, rev, bi, pattern, mask, shape, dtype):
 
 
 @pytest.mark.parametrize("act,rev,bi,pattern,mask,shape", _grid_float64())
-def test_op_matches_reference_float64(rng, act, rev, bi, pattern, mask, shape):
+def test_op_matches_reference_float64(cpu_backend, rng, act, rev, bi, pattern, mask, shape):
     _check_op_vs_reference(rng, act, rev, bi, pattern, mask, shape, jnp.float64)
 
 
 @pytest.mark.parametrize("act,rev,bi,pattern,mask,shape", _grid_float32())
-def test_op_matches_reference_float32(rng, act, rev, bi, pattern, mask, shape):
+def test_op_matches_reference_float32(cpu_backend, rng, act, rev, bi, pattern, mask, shape):
     _check_op_vs_reference(rng, act, rev, bi, pattern, mask, shape, jnp.float32)
 
 
@@ -94,7 +95,7 @@ def test_op_matches_reference_float32(rng, act, rev, bi, pattern, mask, shape):
     pytest.param("sigmoid", True, (True, True, True), "bool", id="sigmoid-bi-Wbh0-mask_bool"),
     pytest.param("hard_sigmoid", True, (False, True, False), None, id="hard_sigmoid-bi-b"),
 ])
-def test_op_half_precision_smoke(rng, dtype, act, bi, pattern, mask):
+def test_op_half_precision_smoke(cpu_backend, rng, dtype, act, bi, pattern, mask):
     """Half inputs: outputs and gradients keep the input dtype and agree with the reference
     run on the same half inputs (both accumulate in float32)."""
     w, b, h = pattern
@@ -191,7 +192,7 @@ def _reference_gradient_oracles(inputs, dy, flags):
 
 @pytest.mark.parametrize("bi", [False, True], ids=["uni", "bi"])
 @pytest.mark.parametrize("pattern", OPTIONAL_PATTERNS, ids=pattern_id)
-def test_gradients_op_list_order_and_values(rng, bi, pattern):
+def test_gradients_op_list_order_and_values(cpu_backend, rng, bi, pattern):
     """single_gate_rnn_gradients returns MPSGraph's list: [dx, dR] + [dW] + [db] + [dh0] for
     the inputs given, shaped like them; values equal reference_gradients and jax.vjp of the
     reference."""
@@ -353,13 +354,13 @@ def _custom_call_lines(text, target):
 
 @requires_native
 @pytest.mark.parametrize("bi", [False, True], ids=["uni", "bi"])
-def test_hlo_forward_and_grad_use_custom_calls(rng, bi):
+def test_hlo_forward_and_grad_use_custom_calls(native_backend, rng, bi):
     inputs = make_inputs(rng, 4, 3, 3, 5, bidirectional=bi, mask="bool")
     flags = dict(activation="tanh", bidirectional=bi)
     fwd_text = jax.jit(lambda i: op(**i, **flags)).lower(inputs).as_text()
-    fwd_calls = _custom_call_lines(fwd_text, "jax_sgrnn_forward")
+    fwd_calls = _custom_call_lines(fwd_text, NATIVE["forward"])
     assert fwd_calls, fwd_text
-    assert not _custom_call_lines(fwd_text, "jax_sgrnn_gradients")
+    assert not _custom_call_lines(fwd_text, NATIVE["gradients"])
     # Inference: no z is produced.
     assert all(re.search(r"training = false", l) for l in fwd_calls), fwd_calls
     # The op does not fall back to the scan decomposition on CPU.
@@ -368,34 +369,34 @@ def test_hlo_forward_and_grad_use_custom_calls(rng, bi):
     c = random_array(rng, out_shape(inputs, bi), jnp.float64)
     grad_fn = jax.grad(lambda d: jnp.sum(op(**{**inputs, **d}, **flags) * c))
     grad_text = jax.jit(grad_fn).lower(diff_inputs(inputs)).as_text()
-    fwd_in_grad = _custom_call_lines(grad_text, "jax_sgrnn_forward")
+    fwd_in_grad = _custom_call_lines(grad_text, NATIVE["forward"])
     assert fwd_in_grad, grad_text
-    assert _custom_call_lines(grad_text, "jax_sgrnn_gradients"), grad_text
+    assert _custom_call_lines(grad_text, NATIVE["gradients"]), grad_text
     # Under differentiation the inference op runs the training forward (z saved).
     assert all(re.search(r"training = true", l) for l in fwd_in_grad), fwd_in_grad
     assert "stablehlo.while" not in grad_text
 
 
 @requires_native
-def test_hlo_gradients_op_uses_custom_call(rng):
+def test_hlo_gradients_op_uses_custom_call(native_backend, rng):
     inputs = make_inputs(rng, 4, 3, 3, 5)
     _, z = ref(**inputs, training=True)
     text = jax.jit(lambda i, dy, z: jax_sgrnn.single_gate_rnn_gradients(
         i["source"], i["recurrent_weight"], dy, z, i["input_weight"], i["bias"],
         i["init_state"])).lower(inputs, z, z).as_text()
-    assert _custom_call_lines(text, "jax_sgrnn_gradients"), text
-    assert not _custom_call_lines(text, "jax_sgrnn_forward")
+    assert _custom_call_lines(text, NATIVE["gradients"]), text
+    assert not _custom_call_lines(text, NATIVE["forward"])
 
 
 @requires_native
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16, jnp.float32],
                          ids=["float16", "bfloat16", "float32"])
-def test_hlo_custom_call_for_other_dtypes(rng, dtype):
+def test_hlo_custom_call_for_other_dtypes(native_backend, rng, dtype):
     inputs = make_inputs(rng, 4, 3, 3, 5, dtype=dtype)
     text = jax.jit(jax.grad(lambda d: jnp.sum(op(**{**inputs, **d}).astype(jnp.float32)))
                    ).lower(diff_inputs(inputs)).as_text()
-    assert _custom_call_lines(text, "jax_sgrnn_forward")
-    assert _custom_call_lines(text, "jax_sgrnn_gradients")
+    assert _custom_call_lines(text, NATIVE["forward"])
+    assert _custom_call_lines(text, NATIVE["gradients"])
 
 
 def test_lowering_for_other_platforms_is_the_decomposition(rng):

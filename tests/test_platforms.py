@@ -11,7 +11,9 @@ from jax import export
 
 import jax_sgrnn
 
-TARGETS = ("jax_sgrnn_forward", "jax_sgrnn_gradients")
+#: Every backend's FFI targets: none may appear off CPU.
+TARGETS = tuple(t for b in jax_sgrnn.backends().values() for t in b.targets.values())
+NATIVE = tuple(jax_sgrnn.backends()["native"].targets.values())
 
 
 def _problem(bidirectional: bool):
@@ -40,17 +42,17 @@ def test_other_platforms_lower_the_decomposition(platform, bidirectional):
     assert "stablehlo.while" in module  # the lax.scan recurrence
 
 
-def test_cpu_lowers_to_the_custom_calls():
-    if "cpu" not in jax_sgrnn.NATIVE_PLATFORMS:
+def test_cpu_lowers_to_the_custom_calls(native_backend):
+    if not jax_sgrnn.backends()["native"].available:
         pytest.fail("the CPU handler did not load")
     x, R, W, mask = _problem(False)
     grad = jax.jit(jax.grad(_loss, argnums=(0, 1, 2)), static_argnums=4)
     hlo = grad.lower(x, R, W, mask, False).as_text()
-    assert all(t in hlo for t in TARGETS)
+    assert all(t in hlo for t in NATIVE)
     assert "stablehlo.while" not in hlo
 
 
-def test_portable_lowering_functions_match_the_custom_call():
+def test_portable_lowering_functions_match_the_custom_call(native_backend):
     """What other platforms run (the functions their lowering rule traces) equals the
     CPU custom call, for the forward and for a grouped (G = 2) gradient call."""
     from jax_sgrnn._primitives import (OpConfig, forward_p, forward_reference, gradients_p,
@@ -60,7 +62,7 @@ def test_portable_lowering_functions_match_the_custom_call():
     mask = mask.astype(np.float32)
     desc = jax_sgrnn.SingleGateRNNDescriptor(bidirectional=True, training=True,
                                              activation="sigmoid")
-    config = OpConfig.of(desc, W, None, None, mask)
+    config = OpConfig.of(desc, W, None, None, mask, backends=("native",))
     native = forward_p.bind(x, R, W, mask, config=config)
     portable = forward_reference(x, R, W, mask, config=config)
     for a, b in zip(native, portable):

@@ -108,7 +108,7 @@ def test_vmap_over_source_only(rng, pattern):
 @pytest.mark.parametrize("bi", [False, True], ids=["uni", "bi"])
 @pytest.mark.parametrize("pattern", [(True, True, True), (False, True, True)],
                          ids=pattern_id)
-def test_vmap_over_all_inputs(rng, bi, pattern):
+def test_vmap_over_all_inputs(cpu_backend, rng, bi, pattern):
     """x, R, W, b, h0 and the mask all mapped (per-example weights)."""
     w, b, h = pattern
     inputs = batched_inputs(rng, set(ALL_NAMES), bidirectional=bi, input_weight=w, bias=b,
@@ -286,7 +286,7 @@ def test_grad_of_vmap(rng, mapped, pattern):
 
 
 @pytest.mark.parametrize("mapped,pattern", GRAD_CASES)
-def test_vmap_of_grad_per_example_gradients(rng, mapped, pattern):
+def test_vmap_of_grad_per_example_gradients(cpu_backend, rng, mapped, pattern):
     """Per-example gradients w.r.t. every input (shared weights get one gradient per
     example), for x only / x and h0 / x, h0 and mask / all inputs mapped."""
     w, b, h = pattern
@@ -325,7 +325,7 @@ def test_vmap_of_grad_per_example_gradients(rng, mapped, pattern):
      "init_state", "mask"),
 ], ids=["x_dy_z", "dy", "x_dy_z_h0_mask", "all"])
 @pytest.mark.parametrize("w", [True, False], ids=["W", "noW"])
-def test_vmap_of_gradients_op(rng, mapped, w):
+def test_vmap_of_gradients_op(cpu_backend, rng, mapped, w):
     """vmap of single_gate_rnn_gradients against vmap of reference_gradients."""
     bi = len(mapped) > 2
     draws = []

@@ -1,25 +1,23 @@
-// XLA FFI handlers for the CPU platform and the Python module that exports them.
+// The native XLA FFI handlers for the CPU platform (module.cc exports them to Python).
 // Each handler validates its buffers (ffi_schema.cc), then runs the kernels of kernels.cc.
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <exception>
 #include <functional>
 #include <memory>
-#include <new>
-#include <string>
 #include <thread>
 
-#include "cblas.h"
 #include "cpu/kernels.h"
-#include "pybind11/pybind11.h"
+#include "sgrnn/ffi_dispatch.h"
 #include "sgrnn/ffi_schema.h"
+#include "sgrnn/handlers.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace sgrnn::cpu {
 namespace {
 
 namespace ffi = ::xla::ffi;
+constexpr ffi::DataType kF32 = ffi::DataType::F32, kF64 = ffi::DataType::F64;
 
 // Items of one ForEach, claimed by whichever threads get to them first. The calling thread
 // claims too, so it never waits on a pool thread that has not started (a busy machine may
@@ -79,26 +77,6 @@ T* MutableOrNull(bool present, ffi::AnyBuffer b) {
   return present ? reinterpret_cast<T*>(b.untyped_data()) : nullptr;
 }
 
-// Runs `body.template operator()<T>()` for the buffer's float type; half types are widened to
-// float32 in Python before they get here.
-template <typename F>
-ffi::Error DispatchFloat(ffi::DataType dtype, F&& body) {
-  try {
-    switch (dtype) {
-      case ffi::DataType::F32: body.template operator()<float>(); break;
-      case ffi::DataType::F64: body.template operator()<double>(); break;
-      default:
-        return ffi::Error(ffi::ErrorCode::kInvalidArgument,
-                          "jax_sgrnn: the CPU handler takes float32 or float64");
-    }
-  } catch (const std::bad_alloc&) {
-    return ffi::Error(ffi::ErrorCode::kResourceExhausted, "jax_sgrnn: out of memory");
-  } catch (const std::exception& e) {
-    return ffi::Error(ffi::ErrorCode::kInternal, std::string("jax_sgrnn: ") + e.what());
-  }
-  return ffi::Error::Success();
-}
-
 ffi::Error ForwardImpl(ffi::AnyBuffer x, ffi::AnyBuffer R, ffi::AnyBuffer W, ffi::AnyBuffer b,
                        ffi::AnyBuffer h0, ffi::AnyBuffer mask, Config c,
                        ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> z,
@@ -107,16 +85,19 @@ ffi::Error ForwardImpl(ffi::AnyBuffer x, ffi::AnyBuffer R, ffi::AnyBuffer W, ffi
   ffi::Error status = CheckForward(c, x, R, W, b, h0, mask, *y, *z, &checked);
   if (status.failure()) return status;
   const XlaPoolExecutor executor(pool);
-  return DispatchFloat(x.element_type(), [&]<typename T>() {
+  return DispatchFloat<kF32, kF64>(x.element_type(), "CPU", [&]<typename T>() {
     const int64_t* ms = checked.mask_shape;
     Forward<T>(executor, c, checked.dims,
                ForwardArgs<T>{
-                   DataOrNull<T>(true, x), DataOrNull<T>(true, R),
-                   DataOrNull<T>(c.has_input_weight, W), DataOrNull<T>(c.has_bias, b),
-                   DataOrNull<T>(c.has_init_state, h0),
-                   c.has_mask ? MaskView<T>(DataOrNull<T>(true, mask), ms[1], ms[2], ms[3])
-                              : MaskView<T>(),
-                   MutableOrNull<T>(true, *y), MutableOrNull<T>(c.training, *z)});
+                   .x = DataOrNull<T>(true, x),
+                   .R = DataOrNull<T>(true, R),
+                   .W = DataOrNull<T>(c.has_input_weight, W),
+                   .b = DataOrNull<T>(c.has_bias, b),
+                   .h0 = DataOrNull<T>(c.has_init_state, h0),
+                   .mask = c.has_mask ? MaskView<T>(DataOrNull<T>(true, mask), ms[1], ms[2], ms[3])
+                                      : MaskView<T>(),
+                   .y = MutableOrNull<T>(true, *y),
+                   .z = MutableOrNull<T>(c.training, *z)});
   });
 }
 
@@ -131,56 +112,42 @@ ffi::Error GradientsImpl(ffi::AnyBuffer x, ffi::AnyBuffer R, ffi::AnyBuffer dy, 
       CheckGradients(c, x, R, dy, z, W, b, h0, mask, *dx, *dR, *dW, *db, *dh0, &checked);
   if (status.failure()) return status;
   const XlaPoolExecutor executor(pool);
-  return DispatchFloat(x.element_type(), [&]<typename T>() {
+  return DispatchFloat<kF32, kF64>(x.element_type(), "CPU", [&]<typename T>() {
     const Dims& d = checked.dims;
     const int64_t* ms = checked.mask_shape;
-    const int64_t state = d.rows() * d.DH(), mask_group = ms[0] == 1 ? 0 : ms[1] * ms[2] * ms[3];
-    // The G problems share the weights; each gets its own weight gradients.
     for (int64_t g = 0; g < checked.G; ++g) {
-      GradientArgs<T> a{
-          DataOrNull<T>(true, x) + g * d.rows() * d.I,
-          DataOrNull<T>(true, R),
-          DataOrNull<T>(true, dy) + g * state,
-          DataOrNull<T>(true, z) + g * state,
-          DataOrNull<T>(c.has_input_weight, W),
-          c.has_init_state ? DataOrNull<T>(true, h0) + g * d.N * d.DH() : nullptr,
-          c.has_mask ? MaskView<T>(DataOrNull<T>(true, mask) + g * mask_group, ms[1], ms[2],
-                                   ms[3])
-                     : MaskView<T>(),
-          MutableOrNull<T>(true, *dx) + g * d.rows() * d.I,
-          MutableOrNull<T>(true, *dR) + g * d.D * d.H * d.H,
-          c.has_input_weight ? MutableOrNull<T>(true, *dW) + g * d.DH() * d.I : nullptr,
-          c.has_bias ? MutableOrNull<T>(true, *db) + g * d.DH() : nullptr,
-          c.has_init_state ? MutableOrNull<T>(true, *dh0) + g * d.N * d.DH() : nullptr};
-      Gradients<T>(executor, c, d, a);
+      const GroupOffsets o = checked.Group(g);
+      Gradients<T>(executor, c, d,
+                   GradientArgs<T>{
+                       .x = DataOrNull<T>(true, x) + o.source,
+                       .R = DataOrNull<T>(true, R),
+                       .dy = DataOrNull<T>(true, dy) + o.state,
+                       .z = DataOrNull<T>(true, z) + o.state,
+                       .W = DataOrNull<T>(c.has_input_weight, W),
+                       .h0 = c.has_init_state ? DataOrNull<T>(true, h0) + o.init_state : nullptr,
+                       .mask = c.has_mask ? MaskView<T>(DataOrNull<T>(true, mask) + o.mask,
+                                                        ms[1], ms[2], ms[3])
+                                          : MaskView<T>(),
+                       .dx = MutableOrNull<T>(true, *dx) + o.source,
+                       .dR = MutableOrNull<T>(true, *dR) + o.d_recurrent_weight,
+                       .dW = c.has_input_weight ? MutableOrNull<T>(true, *dW) + o.d_input_weight
+                                                : nullptr,
+                       .db = c.has_bias ? MutableOrNull<T>(true, *db) + o.d_bias : nullptr,
+                       .dh0 = c.has_init_state ? MutableOrNull<T>(true, *dh0) + o.init_state
+                                               : nullptr});
     }
   });
 }
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(SgrnnForwardCpu, ForwardImpl,
-                              BindForward().Ctx<ffi::ThreadPool>());  // XLA's intra-op pool
-XLA_FFI_DEFINE_HANDLER_SYMBOL(SgrnnGradientsCpu, GradientsImpl,
-                              BindGradients().Ctx<ffi::ThreadPool>());
-
 }  // namespace sgrnn::cpu
 
-namespace py = pybind11;
+namespace sgrnn {
 
-PYBIND11_MODULE(_sgrnn_cpu, m) {
-  m.doc() = "jax_sgrnn's XLA FFI handlers for the CPU platform";
-  // Parallel work goes through XLA's thread pool (XlaPoolExecutor); a second pool inside
-  // OpenBLAS would oversubscribe the cores. This OpenBLAS copy is private to jax_sgrnn.
-  scipy_openblas_set_num_threads(1);
-  m.def("selected_isa", &sgrnn::cpu::SelectedIsa,
-        "The instruction-set build of the CPU kernels in use (SGRNN_CPU_ISA overrides).");
-  m.def("registrations", []() {
-    py::dict targets;
-    targets["jax_sgrnn_forward"] =
-        py::capsule(reinterpret_cast<void*>(sgrnn::cpu::SgrnnForwardCpu));
-    targets["jax_sgrnn_gradients"] =
-        py::capsule(reinterpret_cast<void*>(sgrnn::cpu::SgrnnGradientsCpu));
-    return targets;
-  });
-}
+XLA_FFI_DEFINE_HANDLER_SYMBOL(NativeForward, cpu::ForwardImpl,
+                              BindForward().Ctx<ffi::ThreadPool>());  // XLA's intra-op pool
+XLA_FFI_DEFINE_HANDLER_SYMBOL(NativeGradients, cpu::GradientsImpl,
+                              BindGradients().Ctx<ffi::ThreadPool>());
+
+}  // namespace sgrnn

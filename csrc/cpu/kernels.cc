@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "cblas.h"  // scipy-openblas32: symbols carry a scipy_ prefix
+#include "cpu/blas.h"
 
 // SGRNN_ISA names the instruction-set build this translation unit is (see kernels.h).
 namespace sgrnn::cpu::SGRNN_ISA {
@@ -15,7 +15,8 @@ void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
           const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
           int64_t ldc) {
   if (m == 0 || n == 0) return;
-  scipy_cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+  SGRNN_BLAS_THREAD_SETUP();
+  SGRNN_CBLAS(sgemm)(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
                     trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, beta,
                     c, ldc);
 }
@@ -24,7 +25,8 @@ void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double al
           const double* a, int64_t lda, const double* b, int64_t ldb, double beta, double* c,
           int64_t ldc) {
   if (m == 0 || n == 0) return;
-  scipy_cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+  SGRNN_BLAS_THREAD_SETUP();
+  SGRNN_CBLAS(dgemm)(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
                     trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, beta,
                     c, ldc);
 }

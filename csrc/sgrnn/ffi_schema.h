@@ -64,11 +64,30 @@ inline auto BindGradients() {
       .Ret<ffi::AnyBuffer>();  // dh0: [G, N, D*H], or [0]
 }
 
+// Element offsets of problem g inside the gradient op's grouped buffers. The G problems share
+// the weights; each has its own weight gradients.
+struct GroupOffsets {
+  int64_t source;              // x and dx
+  int64_t state;               // dy and z
+  int64_t init_state;          // h0 and dh0
+  int64_t mask;                // 0 when every group shares the mask
+  int64_t d_recurrent_weight;  // dR
+  int64_t d_input_weight;      // dW
+  int64_t d_bias;              // db
+};
+
 // Sizes found by the checks, with the mask's own (broadcast) shape.
 struct CheckedDims {
   Dims dims;
   int64_t G = 1;                         // gradient op: independent problems
   int64_t mask_shape[4] = {1, 1, 1, 1};  // [Gm, Tm, Nm, Hm]
+
+  GroupOffsets Group(int64_t g) const {
+    const Dims& d = dims;
+    const int64_t mask_group = mask_shape[0] == 1 ? 0 : mask_shape[1] * mask_shape[2] * mask_shape[3];
+    return {g * d.rows() * d.I, g * d.rows() * d.DH(), g * d.N * d.DH(), g * mask_group,
+            g * d.D * d.H * d.H, g * d.DH() * d.I, g * d.DH()};
+  }
 };
 
 // Checks every buffer against the schema; on success fills `out`. Returns an FFI error

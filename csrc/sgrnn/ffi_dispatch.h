@@ -1,0 +1,63 @@
+// What every handler does around its kernels: map C++ exceptions to FFI errors, and run a
+// typed body for the buffers' element type.
+#ifndef JAX_SGRNN_FFI_DISPATCH_H_
+#define JAX_SGRNN_FFI_DISPATCH_H_
+
+#include <exception>
+#include <new>
+#include <string>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace sgrnn {
+
+namespace ffi = ::xla::ffi;
+
+// Runs body(), which returns an ffi::Error; an exception becomes an FFI error instead of
+// unwinding into XLA (which would end the process).
+template <typename F>
+ffi::Error GuardExceptions(F&& body) {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    return ffi::Error(ffi::ErrorCode::kResourceExhausted, "jax_sgrnn: out of memory");
+  } catch (const std::exception& e) {
+    return ffi::Error(ffi::ErrorCode::kInternal, std::string("jax_sgrnn: ") + e.what());
+  }
+}
+
+// The C++ type of each float element type a handler may take.
+template <ffi::DataType kType>
+struct FloatOf;
+template <>
+struct FloatOf<ffi::DataType::F32> {
+  using type = float;
+  static constexpr const char* kName = "float32";
+};
+template <>
+struct FloatOf<ffi::DataType::F64> {
+  using type = double;
+  static constexpr const char* kName = "float64";
+};
+
+// Runs `body.template operator()<T>()` for `dtype` if it is one of kTypes, else returns an
+// error naming the handler (`who`) and what it takes: the lowering widens or hands off the
+// other dtypes (jax_sgrnn/_backends.py), so reaching that error is a bug, not a crash.
+template <ffi::DataType... kTypes, typename F>
+ffi::Error DispatchFloat(ffi::DataType dtype, const char* who, F&& body) {
+  return GuardExceptions([&]() -> ffi::Error {
+    bool ran = false;
+    ((dtype == kTypes ? (body.template operator()<typename FloatOf<kTypes>::type>(), ran = true)
+                      : false),
+     ...);
+    if (ran) return ffi::Error::Success();
+    std::string takes;
+    ((takes += (takes.empty() ? "" : " or ") + std::string(FloatOf<kTypes>::kName)), ...);
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                      std::string("jax_sgrnn: the ") + who + " handler takes " + takes);
+  });
+}
+
+}  // namespace sgrnn
+
+#endif  // JAX_SGRNN_FFI_DISPATCH_H_

@@ -1,0 +1,233 @@
+"""The table of native backends, the loader that fills it in, and the choice of backend.
+
+Each :class:`Backend` says once what the rest of the package needs to know about a handler:
+its platform, its extension module, its FFI target names (from the C++ table
+``csrc/sgrnn/targets.h`` via the native module, checked against the module's own
+``registrations()``), which dtypes it runs as they are, which it widens to float32 and which it
+hands to another backend, and whether it is available in this process (and if not, why).
+
+On the ``cpu`` platform two handlers can serve a call: ``native`` (C++ and a BLAS) and ``mps``
+(MPSGraph on the Apple GPU over unified memory). ``set_cpu_backend`` chooses; the choice is
+part of JAX's jit key, and the backend chosen for a call is part of the primitives' static
+config (``OpConfig.backends``), so a lowering never guesses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import importlib
+import os
+import sys
+import warnings
+from types import MappingProxyType
+from typing import Iterator, Mapping, Optional
+
+import jax
+import numpy as np
+from jax._src import config as jax_config  # enum_state: a jit-keyed, env-backed option
+
+__all__ = ["Backend", "backends", "get_cpu_backend", "set_cpu_backend"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Backend:
+    """One native handler of the op, and its state in this process.
+
+    Attributes:
+      name: ``"native"`` or ``"mps"``.
+      platform: the XLA platform its FFI targets are registered for.
+      module: its extension module inside ``jax_sgrnn``.
+      native_dtypes: dtypes it computes in as they are.
+      widened_dtypes: dtypes computed in float32 around the custom call (stored back).
+      handoff: dtype -> the backend that runs calls of that dtype instead.
+      available: whether its handlers are registered and can run here.
+      reason: why not, when not available.
+      device: the device it runs on, where that is not the host CPU (the Metal GPU's name).
+      targets: ``"forward"`` / ``"gradients"`` -> FFI target name.
+    """
+
+    name: str
+    platform: str
+    module: str
+    native_dtypes: tuple[str, ...]
+    widened_dtypes: tuple[str, ...]
+    handoff: Mapping[str, str] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
+    available: bool = False
+    reason: Optional[str] = None
+    device: Optional[str] = None
+    targets: Mapping[str, str] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
+
+    def compute_dtype(self, dtype) -> np.dtype:
+        """The dtype the custom call computes in for inputs of ``dtype``."""
+        dtype = np.dtype(dtype)
+        if dtype.name in self.native_dtypes:
+            return dtype
+        if dtype.name in self.widened_dtypes:
+            return np.dtype(np.float32)
+        raise ValueError(f"jax_sgrnn: the {self.name!r} backend does not run {dtype.name}")
+
+
+# The static part of the table; the loader fills in availability, device and targets.
+_SPECS = (
+    Backend("native", "cpu", "_sgrnn_cpu", native_dtypes=("float32", "float64"),
+            widened_dtypes=("float16", "bfloat16")),
+    # Metal has no float64; bfloat16 needs macOS 14 in MPSGraph, so it is widened everywhere.
+    Backend("mps", "cpu", "_sgrnn_mps", native_dtypes=("float32", "float16"),
+            widened_dtypes=("bfloat16",), handoff=MappingProxyType({"float64": "native"})),
+)
+
+
+def _preload_openblas() -> None:
+    """Loads scipy-openblas32 by path, so the native module finds it wherever pip put it (the
+    module's rpath covers only a shared site-packages). macOS uses Accelerate instead."""
+    if sys.platform == "darwin":
+        return
+    import scipy_openblas32
+
+    ctypes.CDLL(os.path.join(scipy_openblas32.get_lib_dir(),
+                             scipy_openblas32.get_library(True)), mode=ctypes.RTLD_GLOBAL)
+
+
+def _import(module: str):
+    """The extension module, or the reason it cannot be imported."""
+    if module == "_sgrnn_mps" and sys.platform != "darwin":
+        return None, "built on macOS only (MPSGraph runs on Apple GPUs)"
+    try:
+        return importlib.import_module(f"{__package__}.{module}"), None
+    except ImportError as err:  # e.g. a source tree that was never built
+        return None, f"its extension module did not import ({err})"
+
+
+def _load() -> dict[str, Backend]:
+    """Imports every backend's module and registers its targets, once."""
+    _preload_openblas()
+    native, why_native = _import("_sgrnn_cpu")
+    if native is None:
+        warnings.warn(f"jax_sgrnn: native CPU handler unavailable ({why_native}); the op "
+                      "falls back to its lax.scan decomposition on CPU", RuntimeWarning,
+                      stacklevel=3)
+        return {s.name: dataclasses.replace(s, reason=why_native if s.name == "native" else
+                                            "the native module, which names every backend's "
+                                            "targets, did not import")
+                for s in _SPECS}
+    names = native.target_names()
+    missing_handlers = native.missing_backend_handlers()
+    table = {}
+    for spec in _SPECS:
+        targets = MappingProxyType(dict(names[spec.name]))
+        module, reason = (native, None) if spec.module == "_sgrnn_cpu" else _import(spec.module)
+        if module is None:
+            # Lowering for this backend stays possible (set_cpu_backend); running fails clearly.
+            for target, capsule in zip(targets.values(), missing_handlers[spec.name]):
+                jax.ffi.register_ffi_target(target, capsule, platform=spec.platform)
+            table[spec.name] = dataclasses.replace(spec, reason=reason, targets=targets)
+            continue
+        registrations = module.registrations()
+        if set(registrations) != set(targets.values()):
+            raise RuntimeError(f"jax_sgrnn: {spec.module} registers {sorted(registrations)}, "
+                               f"the target table says {sorted(targets.values())}: the "
+                               "extension modules come from different builds; reinstall")
+        for target, capsule in registrations.items():
+            jax.ffi.register_ffi_target(target, capsule, platform=spec.platform)
+        device = module.device_name() if hasattr(module, "device_name") else None
+        if device == "":
+            table[spec.name] = dataclasses.replace(
+                spec, targets=targets, reason="no Metal device is visible to this process")
+        else:
+            table[spec.name] = dataclasses.replace(spec, available=True, device=device,
+                                                   targets=targets)
+    return table
+
+
+_TABLE: dict[str, Backend] = _load()
+
+
+def backends() -> dict[str, Backend]:
+    """Every native backend this package knows, with whether it is available here and why
+    not (for users choosing one, and for bug reports)."""
+    return dict(_TABLE)
+
+
+# ---------------------------------------------------------------- choosing the cpu handler
+
+CPU_BACKEND_CHOICES = ("auto", "native", "mps", "scan")
+_ENV_VAR = "JAX_SGRNN_CPU_BACKEND"
+
+
+def _check_choice(name, where: str) -> str:
+    if name not in CPU_BACKEND_CHOICES:
+        raise ValueError(f"{where}: expected one of {', '.join(map(repr, CPU_BACKEND_CHOICES))}, "
+                         f"got {name!r}")
+    return name
+
+
+_check_choice(os.environ.get(_ENV_VAR, "auto"), _ENV_VAR)
+# A JAX config option: its value is part of the jit cache key, so a function traced under one
+# choice is traced again under another; its default comes from JAX_SGRNN_CPU_BACKEND.
+_cpu_backend = jax_config.enum_state(
+    name=_ENV_VAR.lower(), enum_values=list(CPU_BACKEND_CHOICES), default="auto",
+    help="Which handler runs jax_sgrnn's ops on the cpu platform: auto, native, mps or scan.",
+    include_in_jit_key=True, include_in_trace_context=True)
+
+
+def get_cpu_backend() -> str:
+    """The current choice for the ``cpu`` platform: one of ``CPU_BACKEND_CHOICES``."""
+    return _cpu_backend.value
+
+
+def set_cpu_backend(name: str) -> contextlib.AbstractContextManager[None]:
+    """Chooses which handler runs the ops on the ``cpu`` platform, from now on.
+
+    ``"auto"`` (the default, or ``$JAX_SGRNN_CPU_BACKEND``): MPSGraph when its extension loaded
+    and a Metal device exists, else native. ``"native"``: the C++ handler. ``"mps"``: the
+    MPSGraph handler; this lowers on any OS (only the FFI targets change), and running it where
+    the handler is not available fails with an error naming the backend. float64 always runs on
+    the native handler (Metal has no float64). ``"scan"``: no handler, the ``lax.scan``
+    decomposition that other platforms run.
+
+    Returns a context manager that restores the previous choice on exit, so it also works as
+    ``with jax_sgrnn.set_cpu_backend("mps"): ...``. The choice is read when a function is traced
+    and is part of ``jax.jit``'s cache key.
+    """
+    previous = get_cpu_backend()
+    jax.config.update(_cpu_backend.name, _check_choice(name, "set_cpu_backend"))
+
+    @contextlib.contextmanager
+    def restore() -> Iterator[None]:
+        try:
+            yield
+        finally:
+            jax.config.update(_cpu_backend.name, previous)
+
+    return restore()
+
+
+def backends_for(dtype) -> tuple[str, ...]:
+    """The backends a call with inputs of ``dtype`` lowers to (at most one per platform);
+    platforms not named lower to the ``lax.scan`` decomposition."""
+    choice = get_cpu_backend()
+    if choice == "scan":
+        return ()
+    if choice == "auto":
+        choice = next((n for n in ("mps", "native") if _TABLE[n].available), None)
+        if choice is None:
+            return ()
+    backend = _TABLE[choice]
+    while np.dtype(dtype).name in backend.handoff:
+        backend = _TABLE[backend.handoff[np.dtype(dtype).name]]
+    if not backend.targets:  # only when the native module itself is missing
+        raise RuntimeError(f"jax_sgrnn: the {backend.name!r} backend was chosen but cannot even "
+                           f"be lowered here: {backend.reason}")
+    return (backend.name,)
+
+
+def backend_for_platform(names: tuple[str, ...], platform: str) -> Optional[Backend]:
+    """The entry among ``names`` registered for ``platform``, if any."""
+    return next((_TABLE[n] for n in names if _TABLE[n].platform == platform), None)
+
+
+def platforms() -> tuple[str, ...]:
+    """The platforms some backend registers for (each gets a lowering rule)."""
+    return tuple(dict.fromkeys(s.platform for s in _SPECS))

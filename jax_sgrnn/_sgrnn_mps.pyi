@@ -1,0 +1,9 @@
+"""The MPSGraph backend's extension module (csrc/metal/module.cc; built on macOS only)."""
+
+from typing import Any
+
+def registrations() -> dict[str, Any]:
+    """FFI target name -> handler capsule, for jax.ffi.register_ffi_target."""
+
+def device_name() -> str:
+    """The default Metal device's name, or "" when this process sees none."""
