@@ -28,10 +28,8 @@ import datetime
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -39,24 +37,8 @@ import numpy as np
 
 import jax_sgrnn
 
-try:  # share bench_cpu.py's shapes and timing rule (this directory is on sys.path when run)
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from bench_cpu import DEFAULT_SHAPES, median_seconds
-except ImportError:  # pragma: no cover - a copy of the script without its sibling
-    DEFAULT_SHAPES = ["100,32,256,256", "200,64,512,512", "1000,8,128,128", "50,256,256,256",
-                      "100,16,64,64"]
-
-    def median_seconds(fn, repeats: int, warmup: int = 3, min_total: float = 0.5) -> float:
-        """Median of at least `repeats` timed runs (more until `min_total` s), after warm-up."""
-        time.sleep(0.2)
-        for _ in range(warmup):
-            fn()
-        times = []
-        while len(times) < repeats or sum(times) < min_total:
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
-        return statistics.median(times)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_cpu import DEFAULT_SHAPES, median_seconds  # noqa: E402  (same shapes, same timing)
 
 #: Columns: (label, cpu backend chosen while it runs, the function timed).
 IMPLS = (("mps", "mps", jax_sgrnn.single_gate_rnn),
@@ -65,16 +47,11 @@ IMPLS = (("mps", "mps", jax_sgrnn.single_gate_rnn),
 
 
 def mps_unavailable_reason() -> str | None:
-    backends = getattr(jax_sgrnn, "backends", None)
-    if backends is None:
-        return "this jax_sgrnn has no backends() (built without an MPSGraph backend)"
-    mps = backends().get("mps")
-    if mps is None:
-        return "jax_sgrnn.backends() has no 'mps' entry"
-    if not mps.available:
-        return f"the mps backend is not available here: {mps.reason}"
-    if not backends()["native"].available:
-        return f"the native backend is not available here: {backends()['native'].reason}"
+    """Why this machine cannot run the benchmark, or None."""
+    for name in ("mps", "native"):
+        backend = jax_sgrnn.backends()[name]
+        if not backend.available:
+            return f"the {name} backend is not available here: {backend.reason}"
     return None
 
 
