@@ -28,6 +28,19 @@ DEFAULT_SHAPES = ["100,32,256,256", "200,64,512,512", "1000,8,128,128", "50,256,
                   "100,16,64,64"]
 
 
+def problem(T: int, N: int, I: int, H: int) -> tuple:
+    """The benchmark's float32 inputs (x, R, W, b, h0) and a cotangent c for y, PyTorch's
+    uniform initialisation scale; the same data for every implementation timed."""
+    rng = np.random.default_rng(0)
+    bound = 1 / np.sqrt(H)
+
+    def f32(*shape, scale=1.0):
+        return jnp.asarray(rng.uniform(-scale, scale, shape), jnp.float32)
+
+    x, c = f32(T, N, I), f32(T, N, H)
+    return x, f32(H, H, scale=bound), f32(H, I, scale=bound), f32(H, scale=bound), f32(N, H), c
+
+
 def median_seconds(fn, repeats: int, warmup: int = 3, min_total: float = 0.5) -> float:
     """Median of at least `repeats` timed runs, and of more for fast functions (runs continue
     until `min_total` seconds have been timed), after `warmup` untimed ones."""
@@ -113,12 +126,7 @@ def main(argv=None) -> list[dict]:
     print(header)
     for spec in args.shapes:
         T, N, I, H = map(int, spec.split(","))
-        rng = np.random.default_rng(0)
-        bound = 1 / np.sqrt(H)
-        f32 = lambda *s, scale=1.0: jnp.asarray(rng.uniform(-scale, scale, s), jnp.float32)
-        x, c = f32(T, N, I), f32(T, N, H)
-        R, W, b, h0 = f32(H, H, scale=bound), f32(H, I, scale=bound), f32(H, scale=bound), \
-            f32(N, H)
+        x, R, W, b, h0, c = problem(T, N, I, H)
         flops_fwd = 2.0 * T * N * H * (I + H)
         timers = {
             "op": jax_timers(jax_sgrnn.single_gate_rnn, x, R, W, b, h0, c),

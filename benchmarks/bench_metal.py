@@ -38,7 +38,7 @@ import numpy as np
 import jax_sgrnn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_cpu import DEFAULT_SHAPES, median_seconds  # noqa: E402  (same shapes, same timing)
+from bench_cpu import DEFAULT_SHAPES, median_seconds, problem  # noqa: E402  (same shapes, same timing)
 
 #: Columns: (label, cpu backend chosen while it runs, the function timed).
 IMPLS = (("mps", "mps", jax_sgrnn.single_gate_rnn),
@@ -174,13 +174,7 @@ def main(argv=None) -> int:
     try:
         for spec in args.shapes:
             T, N, I, H = map(int, spec.split(","))
-            rng = np.random.default_rng(0)
-            bound = 1 / np.sqrt(H)
-            f32 = lambda *s, scale=1.0: jnp.asarray(rng.uniform(-scale, scale, s), jnp.float32)
-            x, c = f32(T, N, I), f32(T, N, H)
-            R, W, b, h0 = (f32(H, H, scale=bound), f32(H, I, scale=bound), f32(H, scale=bound),
-                           f32(N, H))
-            data = (x, R, W, b, h0)
+            *data, c = problem(T, N, I, H)
             fns = {label: programs(rnn, c) for label, _, rnn in IMPLS}
             check_mps_programs(fns["mps"], fns["native"], data)
             flops_fwd = 2.0 * T * N * H * (I + H)

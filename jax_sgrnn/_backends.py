@@ -214,9 +214,9 @@ def backends_for(dtype) -> tuple[str, ...]:
         choice = next((n for n in ("mps", "native") if _TABLE[n].available), None)
         if choice is None:
             return ()
-    backend = _TABLE[choice]
-    while np.dtype(dtype).name in backend.handoff:
-        backend = _TABLE[backend.handoff[np.dtype(dtype).name]]
+    backend, name = _TABLE[choice], np.dtype(dtype).name
+    while name in backend.handoff:
+        backend = _TABLE[backend.handoff[name]]
     if not backend.targets:  # only when the native module itself is missing
         raise RuntimeError(f"jax_sgrnn: the {backend.name!r} backend was chosen but cannot even "
                            f"be lowered here: {backend.reason}")

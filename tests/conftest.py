@@ -70,6 +70,31 @@ TOLERANCES = {
 }
 
 
+def grid_every_pattern(shapes) -> list:
+    """reverse x bidirectional x optional pattern x mask kind in full (96 cases); the
+    activation and the shape (from ``shapes``) cycle with the index, which still puts every
+    activation with every (reverse, bidirectional) pair, every pattern and every mask kind."""
+    return [_grid_case(ACTIVATIONS[i % len(ACTIVATIONS)], rev, bi, pattern, mask,
+                       shapes[i % len(shapes)])
+            for i, (rev, bi, pattern, mask) in enumerate(itertools.product(
+                (False, True), (False, True), OPTIONAL_PATTERNS, MASK_KINDS))]
+
+
+def grid_every_activation(shapes) -> list:
+    """activation x reverse x bidirectional (20 cases); patterns, masks and shapes cycle."""
+    return [_grid_case(act, rev, bi, OPTIONAL_PATTERNS[(3 * i + 7) % len(OPTIONAL_PATTERNS)],
+                       MASK_KINDS[i % len(MASK_KINDS)], shapes[(i + 2) % len(shapes)])
+            for i, (act, rev, bi) in enumerate(itertools.product(
+                ACTIVATIONS, (False, True), (False, True)))]
+
+
+def _grid_case(act, rev, bi, pattern, mask, shape):
+    """One case of a grid: shape is (T, N, H) or (T, N, I, H)."""
+    sizes = "".join(f"{k}{v}" for k, v in zip("TNH" if len(shape) == 3 else "TNIH", shape))
+    return pytest.param(act, rev, bi, pattern, mask, shape,
+                        id=f"{flags_id(act, rev, bi)}-{pattern_id(pattern)}-mask_{mask}-{sizes}")
+
+
 def pattern_id(pattern) -> str:
     w, b, h = pattern
     return "".join(s for s, here in (("W", w), ("b", b), ("h0", h)) if here) or "bare"

@@ -40,7 +40,6 @@ Tolerances (rtol; atol = the same value times max|expected|, see ``conftest.asse
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 import re
 import subprocess
@@ -55,9 +54,9 @@ import numpy as np
 import pytest
 
 import jax_sgrnn
-from conftest import (ACTIVATIONS, MASK_KINDS, OPTIONAL_PATTERNS, assert_close, diff_inputs,
-                      flags_id, full_results, make_inputs, out_shape, pattern_id, random_array,
-                      ref_jit, spec_numpy_forward, value_and_grads)
+from conftest import (ACTIVATIONS, assert_close, diff_inputs, full_results, grid_every_activation,
+                      grid_every_pattern, make_inputs, out_shape, random_array, ref_jit,
+                      spec_numpy_forward, value_and_grads)
 
 #: ``SGRNN_REQUIRE_MPS=1``: fail (at collection) instead of skipping when mps is unavailable.
 REQUIRE_MPS = os.environ.get("SGRNN_REQUIRE_MPS", "").strip().lower() not in ("", "0", "false",
@@ -358,38 +357,6 @@ SHAPES = ((4, 3, 3, 5), (1, 1, 3, 5), (4, 1, 2, 1), (1, 3, 3, 5), (4, 3, 3, 1), 
           (1, 3, 3, 1))
 
 
-def _case_id(act, rev, bi, pattern, mask, shape):
-    T, N, I, H = shape
-    return f"{flags_id(act, rev, bi)}-{pattern_id(pattern)}-mask_{mask}-T{T}N{N}I{I}H{H}"
-
-
-def _grid_full():
-    """The CPU suite's grid (tests/test_op.py, float64): reverse x bidirectional x optional
-    pattern x mask kind in full (96 cases), the activation and shape cycling with the index,
-    which puts every activation with every (reverse, bidirectional) pair."""
-    cases = []
-    for i, (rev, bi, pattern, mask) in enumerate(itertools.product(
-            (False, True), (False, True), OPTIONAL_PATTERNS, MASK_KINDS)):
-        act = ACTIVATIONS[i % len(ACTIVATIONS)]
-        shape = SHAPES[i % len(SHAPES)]
-        cases.append(pytest.param(act, rev, bi, pattern, mask, shape,
-                                  id=_case_id(act, rev, bi, pattern, mask, shape)))
-    return cases
-
-
-def _grid_half():
-    """activation x reverse x bidirectional (20 cases); patterns, masks and shapes cycle."""
-    cases = []
-    for i, (act, rev, bi) in enumerate(itertools.product(ACTIVATIONS, (False, True),
-                                                         (False, True))):
-        pattern = OPTIONAL_PATTERNS[(3 * i + 7) % len(OPTIONAL_PATTERNS)]
-        mask = MASK_KINDS[i % len(MASK_KINDS)]
-        shape = SHAPES[(i + 2) % len(SHAPES)]
-        cases.append(pytest.param(act, rev, bi, pattern, mask, shape,
-                                  id=_case_id(act, rev, bi, pattern, mask, shape)))
-    return cases
-
-
 def _grid_check(rng, act, rev, bi, pattern, mask, shape, dtype):
     T, N, I, H = shape
     w, b, h = pattern
@@ -399,12 +366,12 @@ def _grid_check(rng, act, rev, bi, pattern, mask, shape, dtype):
     check_against_reference(inputs, flags, dtype, tolerance(dtype, act), rng)
 
 
-@pytest.mark.parametrize("act,rev,bi,pattern,mask,shape", _grid_full())
+@pytest.mark.parametrize("act,rev,bi,pattern,mask,shape", grid_every_pattern(SHAPES))
 def test_mps_matches_reference_float32(rng, act, rev, bi, pattern, mask, shape):
     _grid_check(rng, act, rev, bi, pattern, mask, shape, jnp.float32)
 
 
-@pytest.mark.parametrize("act,rev,bi,pattern,mask,shape", _grid_half())
+@pytest.mark.parametrize("act,rev,bi,pattern,mask,shape", grid_every_activation(SHAPES))
 def test_mps_matches_reference_float16(rng, act, rev, bi, pattern, mask, shape):
     _grid_check(rng, act, rev, bi, pattern, mask, shape, jnp.float16)
 

@@ -3,7 +3,6 @@ explicit gradient op, dtypes, mask broadcasting and the lowered HLO."""
 
 from __future__ import annotations
 
-import itertools
 import re
 
 import jax
@@ -13,8 +12,9 @@ import pytest
 
 import jax_sgrnn
 from conftest import (ACTIVATIONS, MASK_KINDS, OPTIONAL_PATTERNS, assert_close, diff_inputs,
-                      flags_id, full_results, make_inputs, make_mask, out_shape, pattern_id,
-                      random_array, ref_jit, requires_native, value_and_grads)
+                      full_results, grid_every_activation, grid_every_pattern, make_inputs,
+                      make_mask, out_shape, pattern_id, random_array, ref_jit, requires_native,
+                      value_and_grads)
 
 op = jax_sgrnn.single_gate_rnn
 ref = jax_sgrnn.reference
@@ -22,37 +22,6 @@ NATIVE = jax_sgrnn.backends()["native"].targets
 
 # (T, N, H) cycled through the grid; I = 3 != H always.
 SHAPES = ((4, 3, 5), (1, 1, 5), (4, 1, 1), (1, 3, 5), (4, 3, 1), (4, 3, 5), (1, 3, 1))
-
-
-def _grid_float64():
-    """reverse x bidirectional x optional pattern x mask kind (none / bool / float) in full
-    (96 cases); the activation and the shape cycle with the index, which still puts every
-    activation with every (reverse, bidirectional) pair, every pattern and every mask kind."""
-    cases = []
-    for i, (rev, bi, pattern, mask) in enumerate(itertools.product(
-            (False, True), (False, True), OPTIONAL_PATTERNS, MASK_KINDS)):
-        act = ACTIVATIONS[i % len(ACTIVATIONS)]
-        shape = SHAPES[i % len(SHAPES)]
-        cases.append(pytest.param(
-            act, rev, bi, pattern, mask, shape,
-            id=f"{flags_id(act, rev, bi)}-{pattern_id(pattern)}-mask_{mask}-"
-               f"T{shape[0]}N{shape[1]}H{shape[2]}"))
-    return cases
-
-
-def _grid_float32():
-    """activation x reverse x bidirectional (20 cases); patterns, masks and shapes cycle."""
-    cases = []
-    for i, (act, rev, bi) in enumerate(itertools.product(ACTIVATIONS, (False, True),
-                                                         (False, True))):
-        pattern = OPTIONAL_PATTERNS[(3 * i + 7) % len(OPTIONAL_PATTERNS)]
-        mask = MASK_KINDS[i % len(MASK_KINDS)]
-        shape = SHAPES[(i + 2) % len(SHAPES)]
-        cases.append(pytest.param(
-            act, rev, bi, pattern, mask, shape,
-            id=f"{flags_id(act, rev, bi)}-{pattern_id(pattern)}-mask_{mask}-"
-               f"T{shape[0]}N{shape[1]}H{shape[2]}"))
-    return cases
 
 
 def _check_results(inputs, got, want, dtype, bi):
@@ -79,12 +48,12 @@ def _check_op_vs_reference(rng, act, rev, bi, pattern, mask, shape, dtype):
                    full_results(ref, inputs, c, flags), dtype, bi)
 
 
-@pytest.mark.parametrize("act,rev,bi,pattern,mask,shape", _grid_float64())
+@pytest.mark.parametrize("act,rev,bi,pattern,mask,shape", grid_every_pattern(SHAPES))
 def test_op_matches_reference_float64(cpu_backend, rng, act, rev, bi, pattern, mask, shape):
     _check_op_vs_reference(rng, act, rev, bi, pattern, mask, shape, jnp.float64)
 
 
-@pytest.mark.parametrize("act,rev,bi,pattern,mask,shape", _grid_float32())
+@pytest.mark.parametrize("act,rev,bi,pattern,mask,shape", grid_every_activation(SHAPES))
 def test_op_matches_reference_float32(cpu_backend, rng, act, rev, bi, pattern, mask, shape):
     _check_op_vs_reference(rng, act, rev, bi, pattern, mask, shape, jnp.float32)
 

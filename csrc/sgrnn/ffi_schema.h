@@ -84,7 +84,8 @@ struct CheckedDims {
 
   GroupOffsets Group(int64_t g) const {
     const Dims& d = dims;
-    const int64_t mask_group = mask_shape[0] == 1 ? 0 : mask_shape[1] * mask_shape[2] * mask_shape[3];
+    const int64_t mask_group =
+        mask_shape[0] == 1 ? 0 : mask_shape[1] * mask_shape[2] * mask_shape[3];
     return {g * d.rows() * d.I, g * d.rows() * d.DH(), g * d.N * d.DH(), g * mask_group,
             g * d.D * d.H * d.H, g * d.DH() * d.I, g * d.DH()};
   }
