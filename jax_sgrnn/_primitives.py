@@ -2,10 +2,10 @@
 
 Operands are ``x, R`` (plus ``dy, z`` for the gradients) followed by the optional inputs that
 are present, in the order ``input_weight, bias, init_state, mask``; :class:`OpConfig` says
-which. The mask arrives normalised: rank 3 (``[Tm, Nm, Hm]``, each 1 or full) in the input
-dtype. The gradient primitive carries a leading axis ``G`` of independent problems that share
-the weights (``G = 1`` from the public op; vmap grows it), so per-example weight gradients
-come from one call.
+which. The mask arrives normalised: rank 3 (``[Tm, Nm, Hm]``, each 1 or full) in the
+compute dtype (``_spec.compute_dtype``). The gradient primitive carries a leading axis ``G``
+of independent problems that share the weights (``G = 1`` from the public op; vmap grows it),
+so per-example weight gradients come from one call.
 """
 
 from __future__ import annotations
@@ -77,8 +77,17 @@ class OpConfig:
 
 def _eager_impl(primitive: Primitive):
     """Eager evaluation compiles the primitive (once per shape and config) and runs it."""
-    return jax.jit(lambda *args, config: primitive.bind(*args, config=config),
-                   static_argnames="config")
+    jitted = jax.jit(lambda *args, config: primitive.bind(*args, config=config),
+                     static_argnames="config")
+
+    def impl(*args, config: OpConfig):
+        # Under jax.disable_jit() the jitted function would call this impl again, forever; a
+        # primitive has no Python to run in its place, so it is compiled regardless (as JAX's
+        # own primitives are).
+        with jax.disable_jit(False):
+            return jitted(*args, config=config)
+
+    return impl
 
 
 def _no_higher_derivatives(primitive: Primitive):

@@ -36,13 +36,24 @@ class Activation(enum.IntEnum):
                 return cls[value.upper()]
             except KeyError:
                 pass
-        elif isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        elif _is_integer_scalar(value):
             try:
                 return cls(int(value))
             except ValueError:
                 pass
         names = ", ".join(repr(a.name.lower()) for a in cls)
         raise ValueError(f"activation: expected one of {names} (or 0..4), got {value!r}")
+
+
+def _is_integer_scalar(value) -> bool:
+    """A Python, NumPy or JAX integer scalar (not a bool)."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, (int, np.integer)):
+        return True
+    dtype = getattr(value, "dtype", None)
+    return (getattr(value, "shape", None) == () and dtype is not None
+            and jnp.issubdtype(dtype, jnp.integer))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,6 +217,11 @@ def validate(source, recurrent_weight, input_weight, bias, init_state, mask,
 
     ``state_arrays`` are (name, array) pairs laid out like ``y``.
     """
+    for name, a in (("source", source), ("recurrent_weight", recurrent_weight),
+                    *state_arrays):
+        if a is None:
+            raise TypeError(f"{name}: expected an array, got None (only input_weight, bias, "
+                            "init_state and mask are optional)")
     dtype = check_dtypes(source=source, recurrent_weight=recurrent_weight,
                          input_weight=input_weight, bias=bias, init_state=init_state, mask=mask,
                          **dict(state_arrays))

@@ -18,20 +18,22 @@ op's layout (``input_weight`` ``[D*H, I]``, ``recurrent_weight`` ``[H, H]`` or `
 from __future__ import annotations
 
 import math
-from typing import Literal, Optional, Union
+from typing import Literal, Optional, Sequence, Union
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 from jax.nn.initializers import Initializer
 
-from ._spec import Activation, SingleGateRNNDescriptor
+from ._spec import Activation, SingleGateRNNDescriptor, check_shapes, shape_of
 from .ops import single_gate_rnn
 from .reference import reference
 
 __all__ = ["SingleGateRNN", "StackedSingleGateRNN", "final_state", "symmetric_uniform"]
 
 Impl = Literal["op", "reference"]
+# What a call takes for an array, as the functional ops do (they call jnp.asarray).
+ArrayLike = Union[jax.typing.ArrayLike, Sequence]
 _IMPLS = {"op": single_gate_rnn, "reference": reference}
 
 
@@ -56,9 +58,28 @@ def final_state(y: jax.Array, descriptor: SingleGateRNNDescriptor) -> jax.Array:
     return jnp.concatenate([y[-1, :, :H], y[0, :, H:]], axis=-1)
 
 
+def _asarray(name: str, value) -> jax.Array:
+    """``value`` (an array, a numpy array or a nested list or tuple) as a jax array, as the
+    functional ops take it."""
+    try:
+        return jnp.asarray(value)
+    except (TypeError, ValueError) as error:  # e.g. ragged: name the argument, not the list
+        raise ValueError(f"{name}: expected an array or a nested sequence of one shape; "
+                         f"{error}") from None
+
+
+def _layout(time_major: bool) -> tuple[str, str]:
+    """The user's layout as messages name it: its name and its two leading axes."""
+    return ("time-major", "T, N") if time_major else ("batch-first", "N, T")
+
+
+def _swap_leading(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A ``[T, N, ...]`` shape as ``[N, T, ...]`` and back."""
+    return (shape[1], shape[0], *shape[2:])
+
+
 def _time_major_mask(mask: jax.Array) -> jax.Array:
     """A batch-first mask (broadcastable to ``[N, T, D*H]``) as a time-major one."""
-    mask = jnp.asarray(mask)
     return jnp.swapaxes(mask.reshape((1,) * (3 - mask.ndim) + mask.shape), 0, 1)
 
 
@@ -141,15 +162,46 @@ class SingleGateRNN(nnx.Module):
         """Output features: ``D*H``."""
         return self.descriptor.directions * self.hidden_features
 
+    def _check_shapes(self, x: jax.Array, h0: Optional[jax.Array],
+                      mask: Optional[jax.Array]) -> None:
+        """Checks a call's shapes in the user's layout, before anything is transposed.
+
+        The rules are the op's (:func:`~jax_sgrnn._spec.check_shapes`, given the time-major
+        shapes); only the messages about what the layer transposes are its own, so that they
+        show the user's layout and shapes rather than the op's.
+        """
+        name, axes = _layout(self.time_major)
+        if x.ndim != 3 or x.shape[-1] != self.in_features:
+            raise ValueError(f"inputs: expected shape [{axes}, {self.in_features}] ({name}), "
+                             f"got {x.shape}")
+        to_op = (lambda s: s) if self.time_major else _swap_leading
+        mask_shape = None if mask is None else to_op((1,) * (3 - mask.ndim) + mask.shape)
+        try:
+            check_shapes(to_op(x.shape), self.recurrent_weight.shape,
+                         shape_of(self.input_weight), shape_of(self.bias), shape_of(h0),
+                         mask_shape, self.descriptor.bidirectional)
+        except ValueError as error:
+            # Messages start with the argument's name; init_state and the parameters are not
+            # transposed, so theirs already read in the user's terms.
+            if not str(error).startswith("mask:"):
+                raise
+            expected = [*x.shape[:2], self.out_features]
+            raise ValueError(f"mask: expected a shape broadcastable to {expected} ({name} "
+                             f"[{axes}, D*H]), got {mask.shape}") from None
+
     def __call__(
         self,
-        inputs: jax.Array,
-        init_state: Optional[jax.Array] = None,
-        mask: Optional[jax.Array] = None,
+        inputs: ArrayLike,
+        init_state: Optional[ArrayLike] = None,
+        mask: Optional[ArrayLike] = None,
         *,
         return_state: bool = False,
     ) -> Union[jax.Array, tuple[jax.Array, jax.Array]]:
         """Runs the layer.
+
+        Arrays may be given as array-likes (numpy arrays, nested lists or tuples), as for
+        :func:`jax_sgrnn.single_gate_rnn`. Shape errors name the argument and show the
+        expected and received shapes in the layer's layout.
 
         Args:
           inputs: ``[N, T, I]`` (``[T, N, I]`` when ``time_major``).
@@ -163,16 +215,16 @@ class SingleGateRNN(nnx.Module):
           ``y``, ``[N, T, D*H]`` (``[T, N, D*H]`` when ``time_major``), or ``(y, h_n)`` with
           ``h_n`` ``[N, D*H]`` (see :func:`final_state`) when ``return_state``.
         """
-        if jnp.ndim(inputs) != 3 or jnp.shape(inputs)[-1] != self.in_features:
-            layout = "T, N" if self.time_major else "N, T"
-            raise ValueError(f"inputs: expected shape [{layout}, {self.in_features}], got "
-                             f"{tuple(jnp.shape(inputs))}")
+        x = _asarray("inputs", inputs)
+        h0 = None if init_state is None else _asarray("init_state", init_state)
+        mask = None if mask is None else _asarray("mask", mask)
+        self._check_shapes(x, h0, mask)
         params = [p if p is None else p[...]
                   for p in (self.recurrent_weight, self.input_weight, self.bias)]
-        dtype = jnp.result_type(inputs, params[0]) if self.dtype is None else self.dtype
+        dtype = jnp.result_type(x, params[0]) if self.dtype is None else self.dtype
         R, W, b = (p if p is None else jnp.asarray(p, dtype) for p in params)
-        x = jnp.asarray(inputs, dtype)
-        h0 = None if init_state is None else jnp.asarray(init_state, dtype)
+        x = x.astype(dtype)
+        h0 = None if h0 is None else h0.astype(dtype)
         if not self.time_major:
             x = jnp.swapaxes(x, 0, 1)
             mask = None if mask is None else _time_major_mask(mask)
@@ -263,17 +315,19 @@ class StackedSingleGateRNN(nnx.Module):
 
     def __call__(
         self,
-        inputs: jax.Array,
-        init_state: Optional[jax.Array] = None,
-        mask: Optional[jax.Array] = None,
+        inputs: ArrayLike,
+        init_state: Optional[ArrayLike] = None,
+        mask: Optional[ArrayLike] = None,
         *,
         return_state: bool = False,
     ) -> Union[jax.Array, tuple[jax.Array, jax.Array]]:
         """Runs the stack.
 
         Args:
-          inputs: ``[N, T, I]`` (``[T, N, I]`` when ``time_major``).
-          init_state: ``[L, N, D*H]``, one initial state per layer; zeros when missing.
+          inputs: ``[N, T, I]`` (``[T, N, I]`` when ``time_major``); as for
+            :class:`SingleGateRNN`, arrays may be given as array-likes.
+          init_state: ``[L, N, D*H]``, one initial state per layer (an array, or a sequence of
+            ``L`` states ``[N, D*H]``); zeros when missing.
           mask: as for :class:`SingleGateRNN`, applied in every layer.
           return_state: also return every layer's final state.
 
@@ -281,8 +335,18 @@ class StackedSingleGateRNN(nnx.Module):
           The last layer's output ``y``, or ``(y, h_n)`` with ``h_n`` ``[L, N, D*H]`` when
           ``return_state``.
         """
-        x, states = inputs, []
+        x = _asarray("inputs", inputs)
+        mask = None if mask is None else _asarray("mask", mask)
+        # Before dropout and recurrent dropout reshape anything, so errors show the user's shapes.
+        self.layers[0]._check_shapes(x, None, mask)
         batch_axis = 1 if self.time_major else 0
+        if init_state is not None:
+            init_state = _asarray("init_state", init_state)
+            expected = (len(self.layers), x.shape[batch_axis], self.out_features)
+            if init_state.shape != expected:
+                raise ValueError(f"init_state: expected shape {list(expected)} ([L, N, D*H], "
+                                 f"one state per layer), got {init_state.shape}")
+        states = []
         for i, layer in enumerate(self.layers):
             if i > 0:
                 x = self.dropout(x)

@@ -15,7 +15,8 @@ from jax.custom_derivatives import SymbolicZero, custom_vjp_primal_tree_values
 from . import _lowering  # noqa: F401  (registers the lowerings)
 from ._backends import backends_for
 from ._primitives import OpConfig, forward_p, gradients_p
-from ._spec import Activation, SingleGateRNNDescriptor, resolve_descriptor, validate
+from ._spec import (Activation, SingleGateRNNDescriptor, compute_dtype, resolve_descriptor,
+                    validate)
 from .reference import reference
 
 ArrayLike = jax.typing.ArrayLike
@@ -24,13 +25,15 @@ ArrayLike = jax.typing.ArrayLike
 def _normalise(source, recurrent_weight, input_weight, bias, init_state, mask, desc,
                state_arrays=()):
     """Validates the user's inputs; returns the op's config (training off; the forward binds
-    set it) and the inputs as arrays, the mask normalised (rank 3, input dtype, no gradient)."""
+    set it) and the inputs as arrays, the mask normalised (rank 3, compute dtype, no
+    gradient)."""
     arr = lambda a: None if a is None else jnp.asarray(a)
     x, R, W, b, h0, m = map(arr, (source, recurrent_weight, input_weight, bias, init_state, mask))
     state_arrays = [(n, arr(a)) for n, a in state_arrays]
     dtype, _ = validate(x, R, W, b, h0, m, desc.bidirectional, state_arrays)
     if m is not None:
-        m = lax.stop_gradient(m.astype(dtype).reshape((1,) * (3 - m.ndim) + m.shape))
+        # Converted once, straight to the dtype the computation runs in (the spec's rule).
+        m = lax.stop_gradient(m.astype(compute_dtype(dtype)).reshape((1,) * (3 - m.ndim) + m.shape))
     config = OpConfig.of(desc.replace(training=False), W, b, h0, m, backends_for(dtype))
     return config, x, R, W, b, h0, m, [a for _, a in state_arrays]
 

@@ -38,18 +38,20 @@ def activate(activation: Activation, z):
 
 
 def activate_grad(activation: Activation, z):
-    """act'(z), with the spec's choices at the kinks (relu' (0) = 0, hard sigmoid open interval)."""
+    """act'(z), with the spec's choices at the kinks (relu' (0) = 0, hard sigmoid open interval).
+
+    sigmoid' and tanh' come from e^-|z| (e / (1 + e)^2 and 4 e2 / (1 + e2)^2) rather than from
+    s (1 - s) and 1 - t^2, which cancel to 0 in the tails where the true value is not 0.
+    """
     one, zero = jnp.ones_like(z), jnp.zeros_like(z)
     if activation == Activation.NONE:
         return one
     if activation == Activation.RELU:
         return jnp.where(z > 0, one, zero)
-    if activation == Activation.TANH:
-        t = jnp.tanh(z)
-        return 1 - t * t
-    if activation == Activation.SIGMOID:
-        s = jax.nn.sigmoid(z)
-        return s * (1 - s)
+    if activation in (Activation.TANH, Activation.SIGMOID):
+        e = jnp.exp((-2 if activation == Activation.TANH else -1) * jnp.abs(z))
+        scale = 4 if activation == Activation.TANH else 1
+        return scale * e / ((1 + e) * (1 + e))
     return jnp.where((z > -2.5) & (z < 2.5), 0.2 * one, zero)
 
 
@@ -105,7 +107,7 @@ def reference(source, recurrent_weight, input_weight=None, bias=None, init_state
     x = cast(source)
     xp = x if input_weight is None else _matmul_t(x, cast(input_weight))
     if bias is not None:
-        xp = xp + cast(bias)
+        xp = xp + cast(bias)[None, None]  # same rank: works under jax_numpy_rank_promotion=raise
 
     zs = []
     for d, (xp_d, h0_d, m_d) in enumerate(zip(_halves(xp, dims), _halves(h0, dims),

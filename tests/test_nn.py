@@ -4,6 +4,7 @@ outputs, gradients, layouts, initialisation, dropout, nnx.jit, optax and state r
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -186,6 +187,157 @@ def test_bad_configurations_raise():
         layer(jnp.zeros((N, T, I + 1)))
     with pytest.raises(ValueError, match="init_state"):
         layer(jnp.zeros((N, T, I)), jnp.zeros((N + 1, H)))
+
+
+LAYOUTS = pytest.mark.parametrize("time_major", [False, True], ids=["batch_first", "time_major"])
+
+
+def user_layout(time_major: bool):
+    """(name, leading axes, a time-major shape -> the user's shape) for messages and data."""
+    if time_major:
+        return "time-major", "T, N", lambda shape: tuple(shape)
+    return "batch-first", "N, T", lambda shape: (shape[1], shape[0], *shape[2:])
+
+
+def raises_exactly(message: str):
+    """pytest.raises(ValueError) matching ``message`` literally."""
+    return pytest.raises(ValueError, match=re.escape(message))
+
+
+def nested_tuples(a):
+    """``a`` as nested tuples of Python scalars."""
+    return tuple(nested_tuples(v) for v in np.asarray(a)) if np.ndim(a) else np.asarray(a).item()
+
+
+# How a test hands an array to a module: the functional ops take all of these.
+ARRAY_KINDS = {"jax": jnp.asarray, "numpy": np.asarray,
+               "list": lambda a: np.asarray(a).tolist(), "tuple": nested_tuples}
+# A stack's init_state may also be a sequence of per-layer states.
+STATE_KINDS = {**ARRAY_KINDS, "per_layer_list": lambda a: list(jnp.asarray(a))}
+
+
+# Wrong init_state shapes for a stack of 3 layers, as functions of D*H.
+STACK_STATE_ERRORS = {
+    "too_few_layers_1": lambda DH: (1, N, DH),
+    "too_few_layers_2": lambda DH: (2, N, DH),
+    "too_many_layers_4": lambda DH: (4, N, DH),
+    "too_many_layers_5": lambda DH: (5, N, DH),
+    "wrong_batch": lambda DH: (3, N + 1, DH),
+    "time_for_batch": lambda DH: (3, T, DH),
+    "wrong_features": lambda DH: (3, N, DH + 1),
+    "one_layers_state": lambda DH: (N, DH),
+    "4d": lambda DH: (1, 3, N, DH),
+}
+
+
+@LAYOUTS
+@pytest.mark.parametrize("kind", STATE_KINDS)
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["uni", "bi"])
+@pytest.mark.parametrize("case", STACK_STATE_ERRORS)
+def test_stack_rejects_init_state_of_the_wrong_shape(case, bidirectional, kind, time_major):
+    _, _, to_user = user_layout(time_major)
+    D = 2 if bidirectional else 1
+    stack = StackedSingleGateRNN(I, H, 3, bidirectional=bidirectional, time_major=time_major,
+                                 rngs=nnx.Rngs(0))
+    shape = STACK_STATE_ERRORS[case](D * H)
+    with raises_exactly(f"init_state: expected shape [3, {N}, {D * H}] ([L, N, D*H], one state "
+                        f"per layer), got {shape}"):
+        stack(normal(1, to_user((T, N, I))), STATE_KINDS[kind](normal(2, shape)))
+
+
+@pytest.mark.parametrize("kind", STATE_KINDS)
+def test_stack_takes_init_state_as_array_or_per_layer_sequence(kind):
+    stack = StackedSingleGateRNN(I, H, 3, rngs=nnx.Rngs(0))
+    x, h0 = normal(1, (N, T, I)), normal(2, (3, N, H))
+    assert_allclose(stack(x, STATE_KINDS[kind](h0), return_state=True),
+                    stack(x, h0, return_state=True))
+    # Each layer starts from its own state.
+    assert not np.allclose(stack(x, h0), stack(x, jnp.stack([h0[0]] * 3)))
+
+
+def test_ragged_sequences_name_the_argument_not_the_list():
+    stack = StackedSingleGateRNN(I, H, 3, rngs=nnx.Rngs(0))
+    x = normal(1, (N, T, I))
+    ragged_states = [jnp.zeros((N, H)), jnp.zeros((N + 1, H)), jnp.zeros((N, H))]
+    with pytest.raises(ValueError, match="^init_state: expected an array"):
+        stack(x, ragged_states)
+    ragged_x = np.asarray(x).tolist()
+    ragged_x[0][0] = ragged_x[0][0][:-1]
+    for module in (stack, SingleGateRNN(I, H, rngs=nnx.Rngs(0))):
+        with pytest.raises(ValueError, match="^inputs: expected an array") as error:
+            module(ragged_x)
+        assert len(str(error.value)) < 300  # not the whole list
+
+
+# Wrong masks, in the user's layout (``to_user`` maps a time-major shape to it).
+MASK_ERRORS = {
+    "wrong_steps": lambda to_user: to_user((T + 1, N, H)),  # batch-first: (3, 6, 6)
+    "wrong_batch": lambda to_user: to_user((T, N + 1, H)),
+    "wrong_features": lambda to_user: to_user((T, N, H + 1)),
+    "4d": lambda to_user: (1, *to_user((T, N, H))),
+    "other_layout": lambda to_user: to_user((N, T, H)),  # [T, N, ...] to a batch-first layer
+}
+
+
+@LAYOUTS
+@pytest.mark.parametrize("kind", ["jax", "numpy", "list"])
+@pytest.mark.parametrize("stacked", [False, True], ids=["layer", "stack"])
+@pytest.mark.parametrize("case", MASK_ERRORS)
+def test_mask_errors_show_the_users_layout(case, stacked, kind, time_major):
+    name, axes, to_user = user_layout(time_major)
+    # The stack checks before recurrent dropout multiplies its masks into the user's.
+    module = (StackedSingleGateRNN(I, H, 2, recurrent_dropout=0.5, time_major=time_major,
+                                   rngs=nnx.Rngs(0)) if stacked else
+              SingleGateRNN(I, H, time_major=time_major, rngs=nnx.Rngs(0)))
+    mask_shape = MASK_ERRORS[case](to_user)
+    with raises_exactly(f"mask: expected a shape broadcastable to {list(to_user((T, N, H)))} "
+                        f"({name} [{axes}, D*H]), got {mask_shape}"):
+        module(jnp.zeros(to_user((T, N, I))), mask=ARRAY_KINDS[kind](jnp.ones(mask_shape)))
+
+
+@LAYOUTS
+@pytest.mark.parametrize("kind", ["jax", "numpy", "list"])
+@pytest.mark.parametrize("stacked", [False, True], ids=["layer", "stack"])
+@pytest.mark.parametrize("x_tm", [(T, N, I + 1), (N, I), (1, T, N, I)],
+                         ids=["wrong_features", "2d", "4d"])
+def test_input_errors_show_the_users_layout(x_tm, stacked, kind, time_major):
+    name, axes, to_user = user_layout(time_major)
+    module = (StackedSingleGateRNN(I, H, 2, time_major=time_major, rngs=nnx.Rngs(0))
+              if stacked else SingleGateRNN(I, H, time_major=time_major, rngs=nnx.Rngs(0)))
+    shape = to_user(x_tm) if len(x_tm) == 3 else x_tm
+    with raises_exactly(f"inputs: expected shape [{axes}, {I}] ({name}), got {shape}"):
+        module(ARRAY_KINDS[kind](jnp.zeros(shape)))
+
+
+@LAYOUTS
+@pytest.mark.parametrize("kind", ["jax", "numpy", "list"])
+@pytest.mark.parametrize("h0_shape", [(T, H), (N, H + 1), (1, N, H)],
+                         ids=["time_for_batch", "wrong_features", "3d"])
+def test_layer_init_state_errors_show_the_users_shapes(h0_shape, kind, time_major):
+    _, _, to_user = user_layout(time_major)
+    layer = SingleGateRNN(I, H, time_major=time_major, rngs=nnx.Rngs(0))
+    x = jnp.zeros(to_user((T, N, I)))
+    with raises_exactly(f"init_state: expected shape [{N}, {H}], got {h0_shape}"):
+        layer(x, ARRAY_KINDS[kind](jnp.zeros(h0_shape)))
+
+
+@LAYOUTS
+@pytest.mark.parametrize("kind", ["numpy", "list", "tuple"])
+@pytest.mark.parametrize("stacked", [False, True], ids=["layer", "stack"])
+def test_array_likes_are_accepted_as_by_the_functional_op(stacked, kind, time_major):
+    _, _, to_user = user_layout(time_major)
+    module = (StackedSingleGateRNN(I, H, 2, recurrent_dropout=0.5, time_major=time_major,
+                                   rngs=nnx.Rngs(0)) if stacked else
+              SingleGateRNN(I, H, time_major=time_major, rngs=nnx.Rngs(0)))
+    x = jnp.asarray(normal(1, (T, N, I)).transpose(*to_user((0, 1, 2))))
+    h0 = normal(2, (2, N, H) if stacked else (N, H))
+    mask = jnp.asarray(jax.random.bernoulli(jax.random.key(3), 0.7, to_user((T, N, 1))),
+                       jnp.float32)
+    twin = nnx.clone(module)  # same RNG state: the same recurrent dropout masks
+    expected = twin(x, h0, mask, return_state=True)
+    convert = ARRAY_KINDS[kind]
+    assert_allclose(module(convert(x), convert(h0), convert(mask), return_state=True),
+                    expected)
 
 
 def test_works_under_nnx_jit():

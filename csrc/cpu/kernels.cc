@@ -203,7 +203,10 @@ void Gradients(const Executor& ex, const Config& c, const Dims& d, const Gradien
 
     T* hm_first = hm_dir + layout.Slot(0, d.T) * N * H;
     if (!a.h0) {
+      // The zero state is still masked, so a non-finite mask gives NaN as the reference does.
       std::fill(hm_first, hm_first + n_rows * H, T(0));
+      if (a.mask.data) MaskRows(a.mask, 0, col, band.n0, band.n1, H, hm_first, H, mask_block,
+                                hm_first);
     } else if (a.mask.data) {
       MaskRows(a.mask, 0, col, band.n0, band.n1, H, a.h0 + row0, DH, mask_block, hm_first);
     } else {

@@ -5,6 +5,7 @@
 #define JAX_SGRNN_CORE_H_
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -111,23 +112,70 @@ inline float FastTanh(float x) {
 }
 inline double FastTanh(double x) { return std::tanh(x); }
 
-// act(z), and act(z) together with act'(z) (both need the same transcendental).
+// e^x for x <= 0 (NaN stays NaN). float: Cody-Waite range reduction and Cephes' degree-6
+// polynomial, branch-free so loops over it vectorise; within a few ulp wherever the result is
+// a normal float, and exactly 0 below -104 (where e^x rounds to 0). 2^n is applied as two
+// factors so that n down to -150 stays representable. double uses std::exp.
+inline float ExpNonPositive(float x) {
+  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const float xc = x < -104.0f ? -104.0f : x;  // keeps NaN
+  const float shifted = xc * 1.44269504088896341f + kRound;
+  const float n = shifted - kRound;
+  const int32_t ni = std::bit_cast<int32_t>(shifted) - std::bit_cast<int32_t>(kRound);
+  const float r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;  // xc - n ln2, in two parts
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int32_t half = ni / 2;  // ni in [-150, 0]: both factors are normal floats
+  const float scale_a = std::bit_cast<float>(static_cast<uint32_t>(half + 127) << 23);
+  const float scale_b = std::bit_cast<float>(static_cast<uint32_t>(ni - half + 127) << 23);
+  return p * scale_a * scale_b;
+}
+inline double ExpNonPositive(double x) { return std::exp(x); }
+
+// The logistic function from e = e^-|z|, with no cancellation in either tail:
+// sigmoid(z) = 1 / (1 + e) for z >= 0, e / (1 + e) below; sigmoid'(z) = e / (1 + e)^2.
+// tanh'(z) = 1 - tanh(z)^2 = 4 e2 / (1 + e2)^2 with e2 = e^-2|z|, exact in the tails too.
+template <typename T>
+inline T Sigmoid(T z) {
+  const T e = ExpNonPositive(-std::abs(z));
+  const T inverse = T(1) / (T(1) + e);
+  return z >= T(0) ? inverse : e * inverse;  // NaN: e is NaN
+}
+template <typename T>
+inline T SigmoidGrad(T z) {
+  const T e = ExpNonPositive(-std::abs(z));
+  const T inverse = T(1) / (T(1) + e);
+  return e * inverse * inverse;
+}
+template <typename T>
+inline T TanhGrad(T z) {
+  const T e = ExpNonPositive(T(-2) * std::abs(z));
+  const T inverse = T(1) / (T(1) + e);
+  return T(4) * e * inverse * inverse;
+}
+
+// act(z), and act'(z) (given h = act(z) too, for the activations that reuse it).
 template <Activation A, typename T>
 inline T Activate(T z) {
   if constexpr (A == Activation::kNone) return z;
   if constexpr (A == Activation::kRelu) return (z > T(0) || z != z) ? z : T(0);  // NaN stays
   if constexpr (A == Activation::kTanh) return FastTanh(z);
-  if constexpr (A == Activation::kSigmoid) return T(0.5) * FastTanh(T(0.5) * z) + T(0.5);
+  if constexpr (A == Activation::kSigmoid) return Sigmoid(z);
   if constexpr (A == Activation::kHardSigmoid)  // written so that NaN stays NaN
     return z >= T(2.5) ? T(1) : (z <= T(-2.5) ? T(0) : T(0.2) * z + T(0.5));
 }
 
 template <Activation A, typename T>
-inline T ActivateGrad(T z, T h) {  // h = Activate<A>(z)
+inline T ActivateGrad(T z, [[maybe_unused]] T h) {  // h = Activate<A>(z)
   if constexpr (A == Activation::kNone) return T(1);
   if constexpr (A == Activation::kRelu) return z > T(0) ? T(1) : T(0);
-  if constexpr (A == Activation::kTanh) return T(1) - h * h;
-  if constexpr (A == Activation::kSigmoid) return h * (T(1) - h);
+  if constexpr (A == Activation::kTanh) return TanhGrad(z);
+  if constexpr (A == Activation::kSigmoid) return SigmoidGrad(z);
   if constexpr (A == Activation::kHardSigmoid)
     return ((z > T(-2.5)) & (z < T(2.5))) ? T(0.2) : T(0);
 }
