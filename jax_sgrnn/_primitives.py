@@ -1,4 +1,4 @@
-"""The two primitives (forward, gradients): abstract evaluation and batching rules.
+"""The two primitives (forward, gradients): abstract evaluation, batching and JVP rules.
 
 Operands are ``x, R`` (plus ``dy, z`` for the gradients) followed by the optional inputs that
 are present, in the order ``input_weight, bias, init_state, mask``; :class:`OpConfig` says
@@ -90,13 +90,16 @@ def _eager_impl(primitive: Primitive):
     return impl
 
 
-def _no_higher_derivatives(primitive: Primitive):
-    """First derivatives go through the custom VJP; differentiating the primitives themselves
-    (a second derivative) is not supported, as MPSGraph's gradient op has no gradient."""
-    def jvp(primals, tangents, **params):
-        raise NotImplementedError(
-            f"jax_sgrnn: {primitive.name} has no derivative; second derivatives of "
-            "single_gate_rnn are not supported (differentiate jax_sgrnn.reference instead)")
+def _jvp_of_decomposition(decomposition):
+    """A primitive's derivative, by JAX's autodiff of its ``lax.scan`` decomposition.
+
+    First derivatives of the op never come here: its custom VJP binds the gradient primitive.
+    Second derivatives (Hessian-vector products, gradient penalties) differentiate that
+    backward pass, i.e. these primitives: exact, at the decomposition's speed.
+    """
+    def jvp(primals, tangents, *, config: OpConfig):
+        tangents = tuple(ad.instantiate_zeros(t) for t in tangents)
+        return jax.jvp(functools.partial(decomposition, config=config), tuple(primals), tangents)
     return jvp
 
 
@@ -116,7 +119,6 @@ def _forward_abstract_eval(x, R, *rest, config: OpConfig):
 
 forward_p.def_abstract_eval(_forward_abstract_eval)
 forward_p.def_impl(_eager_impl(forward_p))
-ad.primitive_jvps[forward_p] = _no_higher_derivatives(forward_p)
 
 
 def forward_reference(x, R, *rest, config: OpConfig) -> list:
@@ -212,7 +214,6 @@ def _gradient_avals(G, x, R, rest, config: OpConfig) -> list:
 
 gradients_p.def_abstract_eval(_gradients_abstract_eval)
 gradients_p.def_impl(_eager_impl(gradients_p))
-ad.primitive_jvps[gradients_p] = _no_higher_derivatives(gradients_p)
 
 
 def gradients_reference(x, R, dy, z, *rest, config: OpConfig) -> list:
@@ -231,3 +232,5 @@ def gradients_reference(x, R, dy, z, *rest, config: OpConfig) -> list:
 
 batching.primitive_batchers[gradients_p] = _batch_rule(gradients_p, gradients_reference,
                                                        n_leading=4, axis=0)
+ad.primitive_jvps[forward_p] = _jvp_of_decomposition(forward_reference)
+ad.primitive_jvps[gradients_p] = _jvp_of_decomposition(gradients_reference)

@@ -3,7 +3,6 @@ shapes, the expected and received shape). Nothing here may crash the process."""
 
 from __future__ import annotations
 
-import re
 
 import jax
 import jax.numpy as jnp
@@ -218,16 +217,6 @@ def test_reference_gradients_rejects_bad_input(case):
             args["source"], args["recurrent_weight"], args["source_gradient"],
             args["z_state"], args["input_weight"], args["bias"], args["init_state"],
             args["mask"], **flags)
-
-
-def test_second_derivative_is_a_clear_error():
-    """MPSGraph's gradient op has no gradient: differentiating twice raises a clear error
-    rather than producing wrong numbers."""
-    inputs = _base()
-    f = lambda x: jnp.sum(op(x, inputs["recurrent_weight"], inputs["input_weight"],
-                             activation="tanh") ** 2)
-    with pytest.raises(NotImplementedError, match=re.escape("second derivative")):
-        jax.grad(lambda x: jnp.sum(jax.grad(f)(x)))(inputs["source"])
 
 
 def test_process_still_works_after_errors():
