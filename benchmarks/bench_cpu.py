@@ -2,7 +2,10 @@
 
 All three run in this one process on the same shapes: tanh, with input weight, bias and
 initial state, float32. Forward, and forward+backward (gradients for every input). Reports
-the median of --repeats timed runs after warm-up, GFLOP/s and the op's speedup ratios.
+the median of --repeats timed runs after warm-up (and the op's min and max, its spread), the
+op's GFLOP/s and its fraction of this machine's large-GEMM rate (measured first), and the op's
+speedup ratios. The header names the CPU and the kernels' instruction-set build;
+--json writes the machine, the GEMM rate and the rows, so runs on different machines compare.
 Column "xlaproj" times the alternative design (XLA does the input projection and its
 gradients around a recurrence-only custom call), which docs/design.md weighs.
 
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import time
@@ -41,9 +45,10 @@ def problem(T: int, N: int, I: int, H: int) -> tuple:
     return x, f32(H, H, scale=bound), f32(H, I, scale=bound), f32(H, scale=bound), f32(N, H), c
 
 
-def median_seconds(fn, repeats: int, warmup: int = 3, min_total: float = 0.5) -> float:
-    """Median of at least `repeats` timed runs, and of more for fast functions (runs continue
-    until `min_total` seconds have been timed), after `warmup` untimed ones."""
+def time_stats(fn, repeats: int, warmup: int = 3, min_total: float = 0.5) -> dict:
+    """min / median / max seconds of at least `repeats` timed runs, and of more for fast
+    functions (runs continue until `min_total` seconds have been timed), after `warmup`
+    untimed ones."""
     time.sleep(0.2)  # let the previous measurement's thread pools go idle
     for _ in range(warmup):
         fn()
@@ -52,7 +57,29 @@ def median_seconds(fn, repeats: int, warmup: int = 3, min_total: float = 0.5) ->
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return dict(min=min(times), median=statistics.median(times), max=max(times))
+
+
+def median_seconds(fn, repeats: int, warmup: int = 3, min_total: float = 0.5) -> float:
+    """The median of :func:`time_stats`."""
+    return time_stats(fn, repeats, warmup, min_total)["median"]
+
+
+def large_gemm_gflops(n: int = 2048, repeats: int = 10) -> float:
+    """This machine's float32 rate on one large square product (XLA's, all cores): the
+    ceiling the op's GFLOP/s are compared with."""
+    a = jnp.asarray(np.random.default_rng(1).standard_normal((n, n)), jnp.float32)
+    dot = jax.jit(lambda a: a @ a)
+    return 2.0 * n ** 3 / median_seconds(lambda: dot(a).block_until_ready(), repeats) / 1e9
+
+
+def cpu_name() -> str:
+    """The CPU's model name (it varies between this project's machines)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
 
 
 def recurrence_only(x, R, W, b, h0, activation):
@@ -117,12 +144,19 @@ def main(argv=None) -> list[dict]:
     except ImportError:
         have_torch = False
 
-    print(f"jax {jax.__version__} on {platform.processor() or platform.machine()}, "
-          f"{jax.devices()[0].device_kind}; median of >= {args.repeats} runs (>= 0.5 s) after "
-          f"warm-up; float32")
+    from jax_sgrnn import _sgrnn_cpu
+
+    gemm = large_gemm_gflops()
+    machine = dict(cpu=cpu_name(), cores=os.cpu_count(), isa=_sgrnn_cpu.selected_isa(),
+                   jax=jax.__version__, date=time.strftime("%Y-%m-%d"), gemm_gflops=gemm)
+    print(f"{machine['date']}; {machine['cpu']}, {machine['cores']} cores; kernels "
+          f"{machine['isa']}; jax {jax.__version__}; float32; large GEMM {gemm:.0f} GFLOP/s")
+    print(f"median of >= {args.repeats} runs (>= 0.5 s) after warm-up; 'op spread' is the op's "
+          "min-max; '% gemm' is the op's GFLOP/s over the large-GEMM rate")
     rows = []
-    header = (f"{'T,N,I,H':>16} {'pass':>8} {'op ms':>9} {'scan ms':>9} {'torch ms':>9} "
-              f"{'xlaproj':>9} {'op GF/s':>8} {'vs scan':>8} {'vs torch':>8}")
+    header = (f"{'T,N,I,H':>16} {'pass':>8} {'op ms':>9} {'op spread':>15} {'scan ms':>9} "
+              f"{'torch ms':>9} {'xlaproj':>9} {'op GF/s':>8} {'% gemm':>7} {'vs scan':>8} "
+              f"{'vs torch':>8}")
     print(header)
     for spec in args.shapes:
         T, N, I, H = map(int, spec.split(","))
@@ -138,23 +172,27 @@ def main(argv=None) -> list[dict]:
             *pair, torch_info = torch_timers(x, R, W, b, h0, c)
             timers["torch"] = pair
         for i, (name, flops) in enumerate((("fwd", flops_fwd), ("fwd+bwd", 3 * flops_fwd))):
-            t = {k: median_seconds(v[i], args.repeats) for k, v in timers.items()}
+            stats = {k: time_stats(v[i], args.repeats) for k, v in timers.items()}
+            t = {k: st["median"] for k, st in stats.items()}
             row = dict(shape=[T, N, I, H], pass_=name, **{f"{k}_ms": 1e3 * s for k, s in t.items()},
+                       op_min_ms=1e3 * stats["op"]["min"], op_max_ms=1e3 * stats["op"]["max"],
                        op_gflops=flops / t["op"] / 1e9, speedup_vs_scan=t["scan"] / t["op"])
+            row["op_fraction_of_gemm"] = row["op_gflops"] / gemm
             if "torch" in t:
                 row["speedup_vs_torch"] = t["torch"] / t["op"]
             rows.append(row)
             torch_ms = f"{row['torch_ms']:9.2f}" if "torch" in t else f"{'-':>9}"
             vs_torch = f"{row['speedup_vs_torch']:7.2f}x" if "torch" in t else f"{'-':>8}"
-            print(f"{spec:>16} {name:>8} {row['op_ms']:9.2f} {row['scan_ms']:9.2f} {torch_ms} "
-                  f"{row['xla_proj_ms']:9.2f} "
-                  f"{row['op_gflops']:8.1f} {row['speedup_vs_scan']:7.2f}x {vs_torch}",
-                  flush=True)
+            spread = f"{row['op_min_ms']:.2f}-{row['op_max_ms']:.2f}"
+            print(f"{spec:>16} {name:>8} {row['op_ms']:9.2f} {spread:>15} {row['scan_ms']:9.2f} "
+                  f"{torch_ms} {row['xla_proj_ms']:9.2f} {row['op_gflops']:8.1f} "
+                  f"{100 * row['op_fraction_of_gemm']:6.0f}% {row['speedup_vs_scan']:7.2f}x "
+                  f"{vs_torch}", flush=True)
     if torch_info:
         print(f"torch {torch_info[0]}, {torch_info[1]} threads")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+            json.dump(dict(machine=machine, rows=rows), f, indent=1)
     return rows
 
 
