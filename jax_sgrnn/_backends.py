@@ -42,6 +42,8 @@ class Backend:
       native_dtypes: dtypes it computes in as they are.
       widened_dtypes: dtypes computed in float32 around the custom call (stored back).
       handoff: dtype -> the backend that runs calls of that dtype instead.
+      seq_lengths: whether its handler takes per-row sequence lengths; a call with lengths
+        lowers to the ``lax.scan`` decomposition on a backend that does not.
       available: whether its handlers are registered and can run here.
       reason: why not, when not available.
       device: the device it runs on, where that is not the host CPU (the Metal GPU's name).
@@ -54,6 +56,7 @@ class Backend:
     native_dtypes: tuple[str, ...]
     widened_dtypes: tuple[str, ...]
     handoff: Mapping[str, str] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
+    seq_lengths: bool = False
     available: bool = False
     reason: Optional[str] = None
     device: Optional[str] = None
@@ -72,8 +75,9 @@ class Backend:
 # The static part of the table; the loader fills in availability, device and targets.
 _SPECS = (
     Backend("native", "cpu", "_sgrnn_cpu", native_dtypes=("float32", "float64"),
-            widened_dtypes=("float16", "bfloat16")),
+            widened_dtypes=("float16", "bfloat16"), seq_lengths=True),
     # Metal has no float64; bfloat16 needs macOS 14 in MPSGraph, so it is widened everywhere.
+    # MPSGraph's op has no per-row lengths.
     Backend("mps", "cpu", "_sgrnn_mps", native_dtypes=("float32", "float16"),
             widened_dtypes=("bfloat16",), handoff=MappingProxyType({"float64": "native"})),
 )
@@ -204,9 +208,10 @@ def set_cpu_backend(name: str) -> contextlib.AbstractContextManager[None]:
     return restore()
 
 
-def backends_for(dtype) -> tuple[str, ...]:
-    """The backends a call with inputs of ``dtype`` lowers to (at most one per platform);
-    platforms not named lower to the ``lax.scan`` decomposition."""
+def backends_for(dtype, seq_lengths: bool = False) -> tuple[str, ...]:
+    """The backends a call with inputs of ``dtype`` (and per-row lengths, if ``seq_lengths``)
+    lowers to, at most one per platform; platforms not named lower to the ``lax.scan``
+    decomposition."""
     choice = get_cpu_backend()
     if choice == "scan":
         return ()
@@ -220,6 +225,8 @@ def backends_for(dtype) -> tuple[str, ...]:
     if not backend.targets:  # only when the native module itself is missing
         raise RuntimeError(f"jax_sgrnn: the {backend.name!r} backend was chosen but cannot even "
                            f"be lowered here: {backend.reason}")
+    if seq_lengths and not backend.seq_lengths:
+        return ()
     return (backend.name,)
 
 

@@ -23,8 +23,10 @@ from ._spec import OPTIONAL_NAMES
 
 def _ffi_operands(opt: dict, dtype) -> list:
     """Optional operands in schema order (csrc/sgrnn/ffi_schema.h's BindForward and
-    BindGradients follow OPTIONAL_NAMES); absent ones as empty [0] placeholders."""
-    return [jnp.zeros((0,), dtype) if opt[n] is None else opt[n].astype(dtype)
+    BindGradients follow OPTIONAL_NAMES), in the compute dtype (the lengths in int32); absent
+    ones as empty [0] placeholders."""
+    dtypes = {name: jnp.int32 if name == "seq_lengths" else dtype for name in OPTIONAL_NAMES}
+    return [jnp.zeros((0,), dtypes[n]) if opt[n] is None else opt[n].astype(dtypes[n])
             for n in OPTIONAL_NAMES]
 
 

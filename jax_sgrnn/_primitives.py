@@ -1,9 +1,9 @@
 """The two primitives (forward, gradients): abstract evaluation, batching and JVP rules.
 
 Operands are ``x, R`` (plus ``dy, z`` for the gradients) followed by the optional inputs that
-are present, in the order ``input_weight, bias, init_state, mask``; :class:`OpConfig` says
-which. The mask arrives normalised: rank 3 (``[Tm, Nm, Hm]``, each 1 or full) in the
-compute dtype (``_spec.compute_dtype``). The gradient primitive carries a leading axis ``G``
+are present, in the order ``input_weight, bias, init_state, mask, seq_lengths``;
+:class:`OpConfig` says which. The mask arrives normalised: rank 3 (``[Tm, Nm, Hm]``, each 1 or
+full) in the compute dtype (``_spec.compute_dtype``); the lengths as int32 in [0, T]. The gradient primitive carries a leading axis ``G``
 of independent problems that share the weights (``G = 1`` from the public op; vmap grows it),
 so per-example weight gradients come from one call.
 """
@@ -38,18 +38,22 @@ class OpConfig:
     has_bias: bool
     has_init_state: bool
     has_mask: bool
+    has_seq_lengths: bool = False
     backends: tuple[str, ...] = ()
 
     @classmethod
-    def of(cls, descriptor, input_weight, bias, init_state, mask,
+    def of(cls, descriptor, input_weight, bias, init_state, mask, seq_lengths=None,
            backends: tuple[str, ...] = ()) -> "OpConfig":
         return cls(descriptor=descriptor, has_input_weight=input_weight is not None,
                    has_bias=bias is not None, has_init_state=init_state is not None,
-                   has_mask=mask is not None, backends=backends)
+                   has_mask=mask is not None, has_seq_lengths=seq_lengths is not None,
+                   backends=backends)
 
     @property
-    def present(self) -> tuple[bool, bool, bool, bool]:
-        return (self.has_input_weight, self.has_bias, self.has_init_state, self.has_mask)
+    def present(self) -> tuple[bool, bool, bool, bool, bool]:
+        """Whether each of ``OPTIONAL_NAMES`` is given."""
+        return (self.has_input_weight, self.has_bias, self.has_init_state, self.has_mask,
+                self.has_seq_lengths)
 
     def optionals(self, operands: Sequence) -> dict:
         """The present optional operands (the tail of ``operands``) by name, None for the rest."""
@@ -72,7 +76,8 @@ class OpConfig:
                     bidirectional=np.bool_(d.bidirectional), training=np.bool_(d.training),
                     has_input_weight=np.bool_(self.has_input_weight),
                     has_bias=np.bool_(self.has_bias), has_init_state=np.bool_(self.has_init_state),
-                    has_mask=np.bool_(self.has_mask))
+                    has_mask=np.bool_(self.has_mask),
+                    has_seq_lengths=np.bool_(self.has_seq_lengths))
 
 
 def _eager_impl(primitive: Primitive):
@@ -110,9 +115,10 @@ forward_p.multiple_results = True
 
 
 def _forward_abstract_eval(x, R, *rest, config: OpConfig):
-    opt = config.optionals(rest)
-    dims = check_shapes(x.shape, R.shape, *(shape_of(opt[n]) for n in OPTIONAL_NAMES),
-                        config.descriptor.bidirectional)
+    opt = {name: shape_of(a) for name, a in config.optionals(rest).items()}
+    dims = check_shapes(x.shape, R.shape, opt["input_weight"], opt["bias"], opt["init_state"],
+                        opt["mask"], config.descriptor.bidirectional,
+                        seq_lengths=opt["seq_lengths"])
     out = jax.core.ShapedArray(dims.state_shape, x.dtype)
     return [out, out] if config.descriptor.training else [out]
 
@@ -142,8 +148,8 @@ def _batch_rule(primitive: Primitive, decomposition, n_leading: int, axis: int):
 
     Its first ``n_leading`` operands are ``x, R`` (forward) or ``x, R, dy, z`` (gradients);
     the mapped axis folds into their axis ``axis`` (N for the forward, the group axis G for the
-    gradients), and into the same axis of the mask and axis 0 of the initial state, so the
-    batch stays one call of the same kernel (per-example weight gradients included). Mapped
+    gradients), and into the same axis of the mask and axis 0 of the initial state and the
+    sequence lengths, so the batch stays one call of the same kernel (per-example weight gradients included). Mapped
     weights (R, W or b) cannot join one call: those get a batched scan of the decomposition.
     """
     def rule(args, dims, *, config: OpConfig):
@@ -157,8 +163,9 @@ def _batch_rule(primitive: Primitive, decomposition, n_leading: int, axis: int):
         leading = [a if i == 1 else _fold(a, d, size, axis, full)
                    for i, (a, d) in enumerate(zip(args[:n_leading], dims[:n_leading]))]
         opt = config.optionals(args[n_leading:])
-        if opt["init_state"] is not None:
-            opt["init_state"] = _fold(opt["init_state"], opt_dims["init_state"], size, 0, full)
+        for name in ("init_state", "seq_lengths"):
+            if opt[name] is not None:
+                opt[name] = _fold(opt[name], opt_dims[name], size, 0, full)
         mask, mask_dim = opt["mask"], opt_dims["mask"]
         if mask is not None and (mask_dim is not None or mask.shape[axis] != 1):
             opt["mask"] = _fold(mask, mask_dim, size, axis, full)
@@ -182,7 +189,7 @@ def gradient_dims(x, R, dy, z, rest, config: OpConfig) -> tuple[int, Dims]:
     G = x.shape[0] if len(x.shape) == 4 else None
     opt = config.optionals(rest)
     grouped = [("source", x), ("source_gradient", dy), ("z_state", z),
-               ("init_state", opt["init_state"])]
+               ("init_state", opt["init_state"]), ("seq_lengths", opt["seq_lengths"])]
     for name, a in grouped:
         if a is not None and (len(a.shape) < 1 or a.shape[0] != G):
             raise ValueError(f"{name}: expected a leading group axis of size {G}, got "
@@ -193,7 +200,8 @@ def gradient_dims(x, R, dy, z, rest, config: OpConfig) -> tuple[int, Dims]:
     dims = check_shapes(strip(x), R.shape, shape_of(opt["input_weight"]), shape_of(opt["bias"]),
                         strip(opt["init_state"]), strip(opt["mask"]),
                         config.descriptor.bidirectional,
-                        [("source_gradient", strip(dy)), ("z_state", strip(z))])
+                        [("source_gradient", strip(dy)), ("z_state", strip(z))],
+                        strip(opt["seq_lengths"]))
     return G, dims
 
 
@@ -219,7 +227,7 @@ gradients_p.def_impl(_eager_impl(gradients_p))
 def gradients_reference(x, R, dy, z, *rest, config: OpConfig) -> list:
     """The gradient primitive by explicit BPTT in ``lax.scan`` (the portable lowering)."""
     opt = config.optionals(rest)
-    axes = dict(input_weight=None, bias=None, init_state=0,
+    axes = dict(input_weight=None, bias=None, init_state=0, seq_lengths=0,
                 mask=None if opt["mask"] is None or opt["mask"].shape[0] == 1 else 0)
     if axes["mask"] is None and opt["mask"] is not None:
         opt["mask"] = opt["mask"][0]

@@ -11,6 +11,7 @@ import dataclasses
 import enum
 from typing import Optional, Sequence, Union
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -126,7 +127,7 @@ def compute_dtype(dtype):
     return jnp.float32 if jnp.dtype(dtype).itemsize < 4 else dtype
 
 # Names the public API uses for each operand, so messages match the user's call.
-OPTIONAL_NAMES = ("input_weight", "bias", "init_state", "mask")
+OPTIONAL_NAMES = ("input_weight", "bias", "init_state", "mask", "seq_lengths")
 
 
 def _fail(name: str, expected: str, got) -> None:
@@ -142,6 +143,7 @@ def check_shapes(
     mask: Optional[Shape],
     bidirectional: bool,
     state_shapes: Sequence[tuple[str, Shape]] = (),
+    seq_lengths: Optional[Shape] = None,
 ) -> Dims:
     """Validates every operand's shape and returns the problem sizes.
 
@@ -182,16 +184,23 @@ def check_shapes(
     for name, shape in state_shapes:
         if tuple(shape) != full:
             _fail(name, str(list(full)), shape)
+    if seq_lengths is not None and tuple(seq_lengths) != (N,):
+        _fail("seq_lengths", f"[{N}] (one length per batch row)", seq_lengths)
     return Dims(T=T, N=N, I=I, H=H, D=D)
 
 
 def check_dtypes(**arrays) -> np.dtype:
-    """The one float dtype shared by all given arrays (``None`` entries and ``mask`` excepted)."""
+    """The one float dtype shared by all given arrays (``None`` entries, ``mask`` and
+    ``seq_lengths`` excepted)."""
     dtype = None
     for name, a in arrays.items():
         if a is None:
             continue
         dt = np.dtype(a.dtype)
+        if name == "seq_lengths":
+            if not jnp.issubdtype(dt, jnp.integer):
+                raise TypeError(f"seq_lengths: expected an integer dtype, got {dt}")
+            continue
         if name == "mask":
             if dt != np.bool_ and not jnp.issubdtype(dt, jnp.floating):
                 raise TypeError(f"mask: expected a bool or float dtype, got {dt}")
@@ -212,8 +221,10 @@ def shape_of(a) -> Optional[Shape]:
 
 
 def validate(source, recurrent_weight, input_weight, bias, init_state, mask,
-             bidirectional: bool, state_arrays: Sequence[tuple[str, object]] = ()):
-    """Checks the user's arrays (dtypes, then shapes); returns (their dtype, problem sizes).
+             bidirectional: bool, state_arrays: Sequence[tuple[str, object]] = (),
+             seq_lengths=None):
+    """Checks the user's arrays (dtypes, then shapes, then concrete sequence lengths); returns
+    (their dtype, problem sizes).
 
     ``state_arrays`` are (name, array) pairs laid out like ``y``.
     """
@@ -225,7 +236,21 @@ def validate(source, recurrent_weight, input_weight, bias, init_state, mask,
     dtype = check_dtypes(source=source, recurrent_weight=recurrent_weight,
                          input_weight=input_weight, bias=bias, init_state=init_state, mask=mask,
                          **dict(state_arrays))
+    if seq_lengths is not None:
+        check_dtypes(seq_lengths=seq_lengths)
     dims = check_shapes(source.shape, recurrent_weight.shape, shape_of(input_weight),
                         shape_of(bias), shape_of(init_state), shape_of(mask), bidirectional,
-                        [(n, a.shape) for n, a in state_arrays])
+                        [(n, a.shape) for n, a in state_arrays], shape_of(seq_lengths))
+    if seq_lengths is not None and not isinstance(seq_lengths, jax.core.Tracer):
+        values = np.asarray(seq_lengths)
+        bad = (values < 0) | (values > dims.T)
+        if bad.any():
+            raise ValueError(f"seq_lengths: expected lengths in [0, T={dims.T}], got "
+                             f"{values[bad][0]} at batch row {int(np.argmax(bad))}")
     return dtype, dims
+
+
+def seq_lengths_operand(seq_lengths, T: int):
+    """The lengths as the primitives take them: int32, clamped to [0, T]. Concrete lengths
+    outside that range were refused by :func:`validate`; traced ones are clamped (documented)."""
+    return jnp.clip(jnp.asarray(seq_lengths), 0, T).astype(jnp.int32)

@@ -46,16 +46,27 @@ def symmetric_uniform(bound: float) -> Initializer:
     return init
 
 
-def final_state(y: jax.Array, descriptor: SingleGateRNNDescriptor) -> jax.Array:
+def final_state(y: jax.Array, descriptor: SingleGateRNNDescriptor,
+                seq_lengths: Optional[jax.Array] = None,
+                init_state: Optional[jax.Array] = None) -> jax.Array:
     """The last state of each direction, ``[N, D*H]``, from a time-major output ``y``.
 
     Forward direction (and unidirectional ``reverse``, whose outputs stay in processing
-    order): ``y[T-1]``. Backward half of a bidirectional RNN: ``y[0, :, H:]``.
+    order): ``y[L-1]``, with ``L`` the row's length (``T`` without ``seq_lengths``). Backward
+    half of a bidirectional RNN: ``y[0, :, H:]``. A row with no steps keeps ``init_state``
+    (zeros when missing), as Flax's ``nn.RNN`` does.
     """
-    if not descriptor.bidirectional:
-        return y[-1]
-    H = y.shape[-1] // 2
-    return jnp.concatenate([y[-1, :, :H], y[0, :, H:]], axis=-1)
+    T, N, DH = y.shape
+    lengths = (jnp.full((N,), T) if seq_lengths is None
+               else jnp.clip(jnp.asarray(seq_lengths), 0, T))
+    if T == 0:
+        last = jnp.zeros((N, DH), y.dtype)
+    else:
+        last = y[jnp.maximum(lengths - 1, 0), jnp.arange(N)]
+        if descriptor.bidirectional:
+            last = jnp.concatenate([last[:, :DH // 2], y[0, :, DH // 2:]], axis=-1)
+    start = jnp.zeros((N, DH), y.dtype) if init_state is None else init_state.astype(y.dtype)
+    return jnp.where((lengths > 0)[:, None], last, start)
 
 
 def _asarray(name: str, value) -> jax.Array:
@@ -162,8 +173,8 @@ class SingleGateRNN(nnx.Module):
         """Output features: ``D*H``."""
         return self.descriptor.directions * self.hidden_features
 
-    def _check_shapes(self, x: jax.Array, h0: Optional[jax.Array],
-                      mask: Optional[jax.Array]) -> None:
+    def _check_shapes(self, x: jax.Array, h0: Optional[jax.Array], mask: Optional[jax.Array],
+                      seq_lengths: Optional[jax.Array] = None) -> None:
         """Checks a call's shapes in the user's layout, before anything is transposed.
 
         The rules are the op's (:func:`~jax_sgrnn._spec.check_shapes`, given the time-major
@@ -179,7 +190,8 @@ class SingleGateRNN(nnx.Module):
         try:
             check_shapes(to_op(x.shape), self.recurrent_weight.shape,
                          shape_of(self.input_weight), shape_of(self.bias), shape_of(h0),
-                         mask_shape, self.descriptor.bidirectional)
+                         mask_shape, self.descriptor.bidirectional,
+                         seq_lengths=shape_of(seq_lengths))
         except ValueError as error:
             # Messages start with the argument's name; init_state and the parameters are not
             # transposed, so theirs already read in the user's terms.
@@ -195,6 +207,7 @@ class SingleGateRNN(nnx.Module):
         init_state: Optional[ArrayLike] = None,
         mask: Optional[ArrayLike] = None,
         *,
+        seq_lengths: Optional[ArrayLike] = None,
         return_state: bool = False,
     ) -> Union[jax.Array, tuple[jax.Array, jax.Array]]:
         """Runs the layer.
@@ -209,6 +222,9 @@ class SingleGateRNN(nnx.Module):
           mask: broadcastable to ``[N, T, D*H]`` (``[T, N, D*H]`` when ``time_major``),
             bool or float; multiplies the recurrent input ``h[k-1]`` at processing step ``k``
             (not flipped for reversed directions). A constant: no gradient flows to it.
+          seq_lengths: integer ``[N]``, each sequence's length, padding at the end (as
+            ``flax.nnx.RNN(seq_lengths=...)``): see :func:`jax_sgrnn.single_gate_rnn`. Outputs
+            at padded steps are zeros; the final state is each row's last valid one.
           return_state: also return the final state of each direction.
 
         Returns:
@@ -218,7 +234,8 @@ class SingleGateRNN(nnx.Module):
         x = _asarray("inputs", inputs)
         h0 = None if init_state is None else _asarray("init_state", init_state)
         mask = None if mask is None else _asarray("mask", mask)
-        self._check_shapes(x, h0, mask)
+        lengths = None if seq_lengths is None else _asarray("seq_lengths", seq_lengths)
+        self._check_shapes(x, h0, mask, lengths)
         params = [p if p is None else p[...]
                   for p in (self.recurrent_weight, self.input_weight, self.bias)]
         dtype = jnp.result_type(x, params[0]) if self.dtype is None else self.dtype
@@ -228,15 +245,11 @@ class SingleGateRNN(nnx.Module):
         if not self.time_major:
             x = jnp.swapaxes(x, 0, 1)
             mask = None if mask is None else _time_major_mask(mask)
-        y = _IMPLS[self.impl](x, R, W, b, h0, mask, self.descriptor)
+        y = _IMPLS[self.impl](x, R, W, b, h0, mask, self.descriptor, seq_lengths=lengths)
         out = y if self.time_major else jnp.swapaxes(y, 0, 1)
         if not return_state:
             return out
-        if y.shape[0] == 0:  # no steps: the state is the initial one
-            h_n = jnp.zeros((y.shape[1], self.out_features), dtype) if h0 is None else h0
-        else:
-            h_n = final_state(y, self.descriptor)
-        return out, h_n
+        return out, final_state(y, self.descriptor, lengths, h0)
 
 
 class StackedSingleGateRNN(nnx.Module):
@@ -319,6 +332,7 @@ class StackedSingleGateRNN(nnx.Module):
         init_state: Optional[ArrayLike] = None,
         mask: Optional[ArrayLike] = None,
         *,
+        seq_lengths: Optional[ArrayLike] = None,
         return_state: bool = False,
     ) -> Union[jax.Array, tuple[jax.Array, jax.Array]]:
         """Runs the stack.
@@ -329,6 +343,7 @@ class StackedSingleGateRNN(nnx.Module):
           init_state: ``[L, N, D*H]``, one initial state per layer (an array, or a sequence of
             ``L`` states ``[N, D*H]``); zeros when missing.
           mask: as for :class:`SingleGateRNN`, applied in every layer.
+          seq_lengths: as for :class:`SingleGateRNN`, the same in every layer.
           return_state: also return every layer's final state.
 
         Returns:
@@ -337,8 +352,9 @@ class StackedSingleGateRNN(nnx.Module):
         """
         x = _asarray("inputs", inputs)
         mask = None if mask is None else _asarray("mask", mask)
+        lengths = None if seq_lengths is None else _asarray("seq_lengths", seq_lengths)
         # Before dropout and recurrent dropout reshape anything, so errors show the user's shapes.
-        self.layers[0]._check_shapes(x, None, mask)
+        self.layers[0]._check_shapes(x, None, mask, lengths)
         batch_axis = 1 if self.time_major else 0
         if init_state is not None:
             init_state = _asarray("init_state", init_state)
@@ -357,6 +373,6 @@ class StackedSingleGateRNN(nnx.Module):
                 keep = self.recurrent_dropout(jnp.ones(shape, layer.param_dtype))
                 layer_mask = keep if mask is None else keep * mask
             h0 = None if init_state is None else init_state[i]
-            x, h_n = layer(x, h0, layer_mask, return_state=True)
+            x, h_n = layer(x, h0, layer_mask, seq_lengths=lengths, return_state=True)
             states.append(h_n)
         return (x, jnp.stack(states)) if return_state else x

@@ -16,57 +16,63 @@ from . import _lowering  # noqa: F401  (registers the lowerings)
 from ._backends import backends_for
 from ._primitives import OpConfig, forward_p, gradients_p
 from ._spec import (Activation, SingleGateRNNDescriptor, compute_dtype, resolve_descriptor,
-                    validate)
+                    seq_lengths_operand, validate)
 from .reference import reference
 
 ArrayLike = jax.typing.ArrayLike
 
 
-def _normalise(source, recurrent_weight, input_weight, bias, init_state, mask, desc,
-               state_arrays=()):
+def _normalise(source, recurrent_weight, input_weight, bias, init_state, mask, seq_lengths,
+               desc, state_arrays=()):
     """Validates the user's inputs; returns the op's config (training off; the forward binds
-    set it) and the inputs as arrays, the mask normalised (rank 3, compute dtype, no
-    gradient)."""
+    set it), x, R, the optional inputs (in ``OPTIONAL_NAMES`` order, None where absent; the
+    mask normalised: rank 3, compute dtype, no gradient; the lengths int32 in [0, T]) and the
+    state arrays."""
     arr = lambda a: None if a is None else jnp.asarray(a)
-    x, R, W, b, h0, m = map(arr, (source, recurrent_weight, input_weight, bias, init_state, mask))
+    x, R, W, b, h0, m, lengths = map(arr, (source, recurrent_weight, input_weight, bias,
+                                           init_state, mask, seq_lengths))
     state_arrays = [(n, arr(a)) for n, a in state_arrays]
-    dtype, _ = validate(x, R, W, b, h0, m, desc.bidirectional, state_arrays)
+    dtype, dims = validate(x, R, W, b, h0, m, desc.bidirectional, state_arrays, lengths)
     if m is not None:
         # Converted once, straight to the dtype the computation runs in (the spec's rule).
         m = lax.stop_gradient(m.astype(compute_dtype(dtype)).reshape((1,) * (3 - m.ndim) + m.shape))
-    config = OpConfig.of(desc.replace(training=False), W, b, h0, m, backends_for(dtype))
-    return config, x, R, W, b, h0, m, [a for _, a in state_arrays]
+    if lengths is not None:
+        lengths = seq_lengths_operand(lengths, dims.T)
+    config = OpConfig.of(desc.replace(training=False), W, b, h0, m, lengths,
+                         backends_for(dtype, seq_lengths=lengths is not None))
+    return config, x, R, (W, b, h0, m, lengths), [a for _, a in state_arrays]
 
 
-def _bind_forward(config, training, x, R, W, b, h0, m):
-    return forward_p.bind(x, R, *OpConfig.pack(input_weight=W, bias=b, init_state=h0, mask=m),
+def _bind_forward(config, training, x, R, *optionals):
+    return forward_p.bind(x, R, *(a for a in optionals if a is not None),
                           config=config.with_training(training))
 
 
-def _bind_gradients(config, x, R, dy, z, W, b, h0, m) -> list:
+def _bind_gradients(config, x, R, dy, z, W, b, h0, m, lengths) -> list:
     """The gradient primitive for one problem (a group axis of size 1 added and removed)."""
     lead = lambda a: None if a is None else a[None]
-    out = gradients_p.bind(
-        x[None], R, dy[None], z[None],
-        *OpConfig.pack(input_weight=W, bias=b, init_state=lead(h0), mask=lead(m)), config=config)
+    grouped = (W, b, lead(h0), lead(m), lead(lengths))
+    out = gradients_p.bind(x[None], R, dy[None], z[None], *(a for a in grouped if a is not None),
+                           config=config)
     return [g[0] for g in out]
 
 
-def _cotangents(config, x, R, W, b, h0, m, z, dy) -> tuple:
-    """Cotangents for (x, R, W, b, h0, mask) from the gradient op; the mask gets none."""
-    grads = iter(_bind_gradients(config, x, R, dy, z, W, b, h0, m))
+def _cotangents(config, x, R, W, b, h0, m, lengths, z, dy) -> tuple:
+    """Cotangents for (x, R, W, b, h0, mask, seq_lengths) from the gradient op; the mask and
+    the lengths get none."""
+    grads = iter(_bind_gradients(config, x, R, dy, z, W, b, h0, m, lengths))
     dx, dR = next(grads), next(grads)
-    return (dx, dR, *(None if a is None else next(grads) for a in (W, b, h0)), None)
+    return (dx, dR, *(None if a is None else next(grads) for a in (W, b, h0)), None, None)
 
 
 # y only: the primal call skips z; under differentiation the forward keeps z as the residual.
-def _rnn(config, x, R, W, b, h0, m):
-    return _bind_forward(config, False, x, R, W, b, h0, m)[0]
+def _rnn(config, x, R, *optionals):
+    return _bind_forward(config, False, x, R, *optionals)[0]
 
 
-def _rnn_fwd(config, x, R, W, b, h0, m):
-    y, z = _bind_forward(config, True, x, R, W, b, h0, m)
-    return y, (x, R, W, b, h0, m, z)
+def _rnn_fwd(config, x, R, *optionals):
+    y, z = _bind_forward(config, True, x, R, *optionals)
+    return y, (x, R, *optionals, z)
 
 
 def _rnn_bwd(config, residuals, dy):
@@ -79,25 +85,26 @@ _rnn.defvjp(_rnn_fwd, _rnn_bwd)
 
 # (y, z), for training=True. MPSGraph's gradient op takes no cotangent for z, so when z itself
 # is differentiated the backward falls back to the reference's autodiff (exact, slower).
-def _rnn_with_z(config, x, R, W, b, h0, m):
-    return tuple(_bind_forward(config, True, x, R, W, b, h0, m))
+def _rnn_with_z(config, x, R, *optionals):
+    return tuple(_bind_forward(config, True, x, R, *optionals))
 
 
 def _rnn_with_z_fwd(config, *primals):
-    x, R, W, b, h0, m = custom_vjp_primal_tree_values(primals)
-    y, z = _bind_forward(config, True, x, R, W, b, h0, m)
-    return (y, z), (x, R, W, b, h0, m, z)
+    x, R, *optionals = custom_vjp_primal_tree_values(primals)
+    y, z = _bind_forward(config, True, x, R, *optionals)
+    return (y, z), (x, R, *optionals, z)
 
 
 def _rnn_with_z_bwd(config, residuals, cotangents):
-    x, R, W, b, h0, m, z = residuals
+    x, R, W, b, h0, m, lengths, z = residuals
     dy, dz = (jnp.zeros(c.shape, c.dtype) if isinstance(c, SymbolicZero) else c
               for c in cotangents)
     if isinstance(cotangents[1], SymbolicZero):
-        return _cotangents(config, x, R, W, b, h0, m, z, dy)
+        return _cotangents(config, x, R, W, b, h0, m, lengths, z, dy)
     desc = config.descriptor.replace(training=True)
-    _, vjp = jax.vjp(lambda *a: reference(*a, mask=m, descriptor=desc), x, R, W, b, h0)
-    return (*vjp((dy, dz)), None)
+    _, vjp = jax.vjp(lambda *a: reference(*a, mask=m, seq_lengths=lengths, descriptor=desc),
+                     x, R, W, b, h0)
+    return (*vjp((dy, dz)), None, None)
 
 
 _rnn_with_z = jax.custom_vjp(_rnn_with_z, nondiff_argnums=(0,))
@@ -113,6 +120,7 @@ def single_gate_rnn(
     mask: Optional[ArrayLike] = None,
     descriptor: Optional[SingleGateRNNDescriptor] = None,
     *,
+    seq_lengths: Optional[ArrayLike] = None,
     reverse: Optional[bool] = None,
     bidirectional: Optional[bool] = None,
     training: Optional[bool] = None,
@@ -129,6 +137,12 @@ def single_gate_rnn(
       mask: broadcastable to ``[T, N, D*H]``, multiplies the recurrent input ``h[k-1]``;
         indexed by processing step; a constant (no gradient flows to it). Bool or float.
       descriptor: a :class:`SingleGateRNNDescriptor`; the keyword flags override its fields.
+      seq_lengths: integer ``[N]``, each row's number of valid steps (padding at the end, as
+        cuDNN's padded layout and Flax's ``nn.RNN(seq_lengths=...)``). Steps at and past a
+        row's length leave its state unchanged and give zeros in ``y`` and ``z``; a reversed
+        direction starts at the row's own last valid step, so the valid part of ``y`` equals
+        the op run on the unpadded row. Concrete lengths outside ``[0, T]`` raise
+        ``ValueError``; traced ones are clamped to it. Not differentiable (integers).
 
     Returns:
       ``y`` of shape ``[T, N, D*H]``, or ``(y, z)`` when ``training`` (``z`` is the
@@ -139,11 +153,11 @@ def single_gate_rnn(
     """
     desc = resolve_descriptor(descriptor, reverse=reverse, bidirectional=bidirectional,
                               training=training, activation=activation)
-    config, x, R, W, b, h0, m, _ = _normalise(source, recurrent_weight, input_weight, bias,
-                                            init_state, mask, desc)
+    config, x, R, optionals, _ = _normalise(source, recurrent_weight, input_weight, bias,
+                                            init_state, mask, seq_lengths, desc)
     if desc.training:
-        return _rnn_with_z(config, x, R, W, b, h0, m)
-    return _rnn(config, x, R, W, b, h0, m)
+        return _rnn_with_z(config, x, R, *optionals)
+    return _rnn(config, x, R, *optionals)
 
 
 def single_gate_rnn_gradients(
@@ -157,6 +171,7 @@ def single_gate_rnn_gradients(
     mask: Optional[ArrayLike] = None,
     descriptor: Optional[SingleGateRNNDescriptor] = None,
     *,
+    seq_lengths: Optional[ArrayLike] = None,
     reverse: Optional[bool] = None,
     bidirectional: Optional[bool] = None,
     training: Optional[bool] = None,
@@ -165,8 +180,8 @@ def single_gate_rnn_gradients(
     """MPSGraph's ``singleGateRNNGradients``.
 
     Args:
-      source, recurrent_weight, input_weight, bias, init_state, mask, descriptor: as given to
-        :func:`single_gate_rnn`. ``training`` (keyword or descriptor field) is accepted so that
+      source, recurrent_weight, input_weight, bias, init_state, mask, descriptor, seq_lengths:
+        as given to :func:`single_gate_rnn`. ``training`` (keyword or descriptor field) is accepted so that
         the forward's descriptor can be passed as it is, and has no effect here.
       source_gradient: ``dL/dy``, laid out like ``y``.
       z_state: the ``z`` returned by :func:`single_gate_rnn` with ``training=True``.
@@ -174,11 +189,13 @@ def single_gate_rnn_gradients(
     Returns:
       ``[d source, d recurrent_weight]`` followed by ``d input_weight``, ``d bias`` and
       ``d init_state`` for those given, in that order (MPSGraph's list). No gradient is
-      returned for the mask. ``d bias`` has the bias's shape.
+      returned for the mask or the lengths. ``d bias`` has the bias's shape. With
+      ``seq_lengths``, ``source_gradient`` and ``z_state`` at padded steps are ignored and
+      ``d source`` is zero there.
     """
     desc = resolve_descriptor(descriptor, reverse=reverse, bidirectional=bidirectional,
                               training=training, activation=activation)
-    config, x, R, W, b, h0, m, (dy, z) = _normalise(
-        source, recurrent_weight, input_weight, bias, init_state, mask, desc,
+    config, x, R, optionals, (dy, z) = _normalise(
+        source, recurrent_weight, input_weight, bias, init_state, mask, seq_lengths, desc,
         state_arrays=(("source_gradient", source_gradient), ("z_state", z_state)))
-    return _bind_gradients(config, x, R, dy, z, W, b, h0, m)
+    return _bind_gradients(config, x, R, dy, z, *optionals)

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ._spec import (Activation, Dims, SingleGateRNNDescriptor, compute_dtype,
-                    resolve_descriptor, validate)
+                    resolve_descriptor, seq_lengths_operand, validate)
 
 _HIGHEST = lax.Precision.HIGHEST
 
@@ -67,6 +67,23 @@ def direction_layout(descriptor: SingleGateRNNDescriptor, direction: int) -> tup
     return descriptor.reverse and not descriptor.bidirectional, False
 
 
+def valid_steps(seq_lengths, T: int):
+    """``[T, N, 1]`` bool: whether step (or time) k of row n is before the row's length. Padded
+    positions are the same set in processing order and in source time."""
+    return (jnp.arange(T)[:, None] < seq_lengths[None, :])[..., None]
+
+
+def flip_rows(a, seq_lengths):
+    """``a`` ``[T, N, F]`` with each row's first ``seq_lengths[n]`` steps in reverse order and its
+    padding in place: a reversed direction starts at the row's own last valid step. Without
+    lengths, the whole time axis is reversed."""
+    if seq_lengths is None:
+        return a[::-1]
+    k = jnp.arange(a.shape[0])[:, None]
+    index = jnp.where(k < seq_lengths[None, :], seq_lengths[None, :] - 1 - k, k)
+    return jnp.take_along_axis(a, index[..., None], axis=0)
+
+
 def _matmul_t(a, w):
     """a @ w^T over the last axis of a, at full precision."""
     return jnp.einsum("...j,hj->...h", a, w, precision=_HIGHEST)
@@ -78,32 +95,35 @@ def _halves(a, dims: Dims):
 
 
 def _in_compute_dtype(source, recurrent_weight, input_weight, bias, init_state, mask,
-                      descriptor, state_shapes=()):
+                      seq_lengths, descriptor, state_shapes=()):
     """Validates; returns (input dtype, sizes, a cast to the compute dtype, then R, h0 and the
-    mask cast and with the defaults of missing inputs filled in)."""
+    mask cast and with the defaults of missing inputs filled in, and the lengths as int32)."""
     dtype, dims = validate(source, recurrent_weight, input_weight, bias, init_state, mask,
-                           descriptor.bidirectional, state_shapes)
+                           descriptor.bidirectional, state_shapes, seq_lengths)
     cdt = compute_dtype(dtype)
     cast = lambda a: None if a is None else jnp.asarray(a).astype(cdt)
     R = cast(recurrent_weight).reshape(dims.D, dims.H, dims.H)
     h0 = (jnp.zeros((dims.N, dims.D * dims.H), cdt) if init_state is None else cast(init_state))
     m = (jnp.ones(dims.state_shape, cdt) if mask is None
          else jnp.broadcast_to(cast(lax.stop_gradient(mask)), dims.state_shape))
-    return dtype, dims, cast, R, h0, m
+    lengths = None if seq_lengths is None else seq_lengths_operand(seq_lengths, dims.T)
+    return dtype, dims, cast, R, h0, m, lengths
 
 
 def reference(source, recurrent_weight, input_weight=None, bias=None, init_state=None,
               mask=None, descriptor: Optional[SingleGateRNNDescriptor] = None, *,
-              reverse: Optional[bool] = None, bidirectional: Optional[bool] = None,
-              training: Optional[bool] = None, activation=None):
+              seq_lengths=None, reverse: Optional[bool] = None,
+              bidirectional: Optional[bool] = None, training: Optional[bool] = None,
+              activation=None):
     """Single-gate RNN forward with ``lax.scan``; same signature as ``single_gate_rnn``.
 
     Returns ``y``, or ``(y, z)`` when ``training``.
     """
     desc = resolve_descriptor(descriptor, reverse=reverse, bidirectional=bidirectional,
                               training=training, activation=activation)
-    dtype, dims, cast, R, h0, m = _in_compute_dtype(source, recurrent_weight, input_weight,
-                                                    bias, init_state, mask, desc)
+    dtype, dims, cast, R, h0, m, lengths = _in_compute_dtype(
+        source, recurrent_weight, input_weight, bias, init_state, mask, seq_lengths, desc)
+    valid = None if lengths is None else valid_steps(lengths, dims.T)
     x = cast(source)
     xp = x if input_weight is None else _matmul_t(x, cast(input_weight))
     if bias is not None:
@@ -115,14 +135,20 @@ def reference(source, recurrent_weight, input_weight=None, bias=None, init_state
         read_reversed, store_flipped = direction_layout(desc, d)
 
         def step(h, inputs, R_d=R[d]):
-            x_k, m_k = inputs
+            x_k, m_k, *valid_k = inputs
             z_k = x_k + _matmul_t(h * m_k, R_d)
-            return activate(desc.activation, z_k), z_k
+            h_k = activate(desc.activation, z_k)
+            if valid_k:  # a finished row keeps its state and gives zeros
+                return jnp.where(valid_k[0], h_k, h), jnp.where(valid_k[0], z_k, 0)
+            return h_k, z_k
 
-        _, z_d = lax.scan(step, h0_d, (xp_d[::-1] if read_reversed else xp_d, m_d))
-        zs.append(z_d[::-1] if store_flipped else z_d)
+        inputs = (flip_rows(xp_d, lengths) if read_reversed else xp_d, m_d)
+        _, z_d = lax.scan(step, h0_d, inputs if valid is None else (*inputs, valid))
+        zs.append(flip_rows(z_d, lengths) if store_flipped else z_d)
     z = jnp.concatenate(zs, axis=-1)
     y = activate(desc.activation, z)
+    if valid is not None:
+        y = jnp.where(valid, y, 0)
     if desc.training:
         return y.astype(dtype), z.astype(dtype)
     return y.astype(dtype)
@@ -131,8 +157,9 @@ def reference(source, recurrent_weight, input_weight=None, bias=None, init_state
 def reference_gradients(source, recurrent_weight, source_gradient, z_state, input_weight=None,
                         bias=None, init_state=None, mask=None,
                         descriptor: Optional[SingleGateRNNDescriptor] = None, *,
-                        reverse: Optional[bool] = None, bidirectional: Optional[bool] = None,
-                        training: Optional[bool] = None, activation=None) -> list:
+                        seq_lengths=None, reverse: Optional[bool] = None,
+                        bidirectional: Optional[bool] = None, training: Optional[bool] = None,
+                        activation=None) -> list:
     """The gradient op as explicit backpropagation through time (spec, "Gradient op").
 
     Returns ``[d source, d recurrent_weight]`` followed by ``d input_weight``, ``d bias`` and
@@ -140,27 +167,37 @@ def reference_gradients(source, recurrent_weight, source_gradient, z_state, inpu
     """
     desc = resolve_descriptor(descriptor, reverse=reverse, bidirectional=bidirectional,
                               training=training, activation=activation)
-    dtype, dims, cast, R, h0, m = _in_compute_dtype(
-        source, recurrent_weight, input_weight, bias, init_state, mask, desc,
+    dtype, dims, cast, R, h0, m, lengths = _in_compute_dtype(
+        source, recurrent_weight, input_weight, bias, init_state, mask, seq_lengths, desc,
         state_shapes=(("source_gradient", source_gradient), ("z_state", z_state)))
     x, g, z = cast(source), cast(source_gradient), cast(z_state)
+    valid = None if lengths is None else valid_steps(lengths, dims.T)
 
     dxps, dRs, dh0s = [], [], []
     for d, (g_d, z_d, h0_d, m_d) in enumerate(zip(_halves(g, dims), _halves(z, dims),
                                                   _halves(h0, dims), _halves(m, dims))):
         read_reversed, store_flipped = direction_layout(desc, d)
         if store_flipped:  # to processing order
-            g_d, z_d = g_d[::-1], z_d[::-1]
+            g_d, z_d = flip_rows(g_d, lengths), flip_rows(z_d, lengths)
         h_prev = jnp.concatenate([h0_d[None], activate(desc.activation, z_d)])[:dims.T]
+        hm = h_prev * m_d
+        if valid is not None:  # padded steps add nothing to dR, whatever z holds there
+            hm = jnp.where(valid, hm, 0)
 
         def step(carry, inputs, R_d=R[d]):
-            g_k, z_k, m_k = inputs
+            g_k, z_k, m_k, *valid_k = inputs
             dz_k = (g_k + carry) * activate_grad(desc.activation, z_k)
-            return jnp.matmul(dz_k, R_d, precision=_HIGHEST) * m_k, dz_k
+            if not valid_k:
+                return jnp.matmul(dz_k, R_d, precision=_HIGHEST) * m_k, dz_k
+            # A padded step has no gradient and feeds none back.
+            dz_k = jnp.where(valid_k[0], dz_k, 0)
+            carry_k = jnp.matmul(dz_k, R_d, precision=_HIGHEST) * m_k
+            return jnp.where(valid_k[0], carry_k, 0), dz_k
 
-        dh0_d, dz = lax.scan(step, jnp.zeros_like(h0_d), (g_d, z_d, m_d), reverse=True)
-        dRs.append(jnp.einsum("tnh,tnk->hk", dz, h_prev * m_d, precision=_HIGHEST))
-        dxps.append(dz[::-1] if read_reversed else dz)  # to source time
+        inputs = (g_d, z_d, m_d) if valid is None else (g_d, z_d, m_d, valid)
+        dh0_d, dz = lax.scan(step, jnp.zeros_like(h0_d), inputs, reverse=True)
+        dRs.append(jnp.einsum("tnh,tnk->hk", dz, hm, precision=_HIGHEST))
+        dxps.append(flip_rows(dz, lengths) if read_reversed else dz)  # to source time
         dh0s.append(dh0_d)
     dxp = jnp.concatenate(dxps, axis=-1)
 

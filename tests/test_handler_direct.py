@@ -31,12 +31,12 @@ RuntimeErrors = (getattr(jax.errors, "JaxRuntimeError", RuntimeError), RuntimeEr
 
 
 def attrs(activation=2, reverse=False, bidirectional=False, training=True, W=True, b=True,
-          h0=True, mask=True, **override) -> dict:
+          h0=True, mask=True, lengths=True, **override) -> dict:
     """The typed attributes, as OpConfig.ffi_attributes writes them."""
     a = dict(activation=np.int32(activation), reverse=np.bool_(reverse),
              bidirectional=np.bool_(bidirectional), training=np.bool_(training),
              has_input_weight=np.bool_(W), has_bias=np.bool_(b), has_init_state=np.bool_(h0),
-             has_mask=np.bool_(mask))
+             has_mask=np.bool_(mask), has_seq_lengths=np.bool_(lengths))
     a.update(override)
     return {k: v for k, v in a.items() if v is not None}
 
@@ -59,13 +59,15 @@ def forward_operands(dtype=F32) -> dict:
     """A valid forward problem: every optional present, training on."""
     return dict(x=arr((T, N, I), dtype), R=arr((1, H, H), dtype), W=arr((H, I), dtype),
                 b=arr((H,), dtype), h0=arr((N, H), dtype), mask=arr((T, 1, H), dtype, 1.0),
-                y=sds((T, N, H), dtype), z=sds((T, N, H), dtype))
+                lengths=jnp.array([T, 1], jnp.int32), y=sds((T, N, H), dtype),
+                z=sds((T, N, H), dtype))
 
 
 def call_forward(ops: dict, attributes: dict):
     results = (ops["y"], ops["z"])
     out = jax.ffi.ffi_call(TARGETS["forward"], results)(
-        ops["x"], ops["R"], ops["W"], ops["b"], ops["h0"], ops["mask"], **attributes)
+        ops["x"], ops["R"], ops["W"], ops["b"], ops["h0"], ops["mask"], ops["lengths"],
+        **attributes)
     return jax.block_until_ready(out)
 
 
@@ -74,7 +76,7 @@ def gradient_operands(dtype=F32) -> dict:
     return dict(x=arr((1, T, N, I), dtype), R=arr((1, H, H), dtype),
                 dy=arr((1, T, N, H), dtype), z=arr((1, T, N, H), dtype, 1.0),
                 W=arr((H, I), dtype), b=arr((H,), dtype), h0=arr((1, N, H), dtype),
-                mask=arr((1, T, 1, H), dtype, 1.0),
+                mask=arr((1, T, 1, H), dtype, 1.0), lengths=jnp.array([[2, 0]], jnp.int32),
                 dx=sds((1, T, N, I), dtype), dR=sds((1, 1, H, H), dtype),
                 dW=sds((1, H, I), dtype), db=sds((1, H), dtype), dh0=sds((1, N, H), dtype))
 
@@ -82,7 +84,8 @@ def gradient_operands(dtype=F32) -> dict:
 def call_gradients(ops: dict, attributes: dict):
     results = tuple(ops[k] for k in ("dx", "dR", "dW", "db", "dh0"))
     out = jax.ffi.ffi_call(TARGETS["gradients"], results)(
-        *(ops[k] for k in ("x", "R", "dy", "z", "W", "b", "h0", "mask")), **attributes)
+        *(ops[k] for k in ("x", "R", "dy", "z", "W", "b", "h0", "mask", "lengths")),
+        **attributes)
     return jax.block_until_ready(out)
 
 
@@ -90,7 +93,8 @@ def _check_valid_forward():
     ops = forward_operands()
     y, z = call_forward(ops, attrs())
     want_y, want_z = jax_sgrnn.reference(ops["x"], ops["R"][0], ops["W"], ops["b"], ops["h0"],
-                                         ops["mask"], activation="tanh", training=True)
+                                         ops["mask"], seq_lengths=ops["lengths"],
+                                         activation="tanh", training=True)
     np.testing.assert_allclose(y, want_y, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(z, want_z, rtol=1e-5, atol=1e-6)
 
@@ -100,7 +104,7 @@ def _check_valid_gradients():
     got = call_gradients(ops, attrs(training=False))
     want = jax_sgrnn.reference_gradients(
         ops["x"][0], ops["R"][0], ops["dy"][0], ops["z"][0], ops["W"], ops["b"], ops["h0"][0],
-        ops["mask"][0], activation="tanh")
+        ops["mask"][0], seq_lengths=ops["lengths"][0], activation="tanh")
     for g, w in zip(got, want):
         np.testing.assert_allclose(g[0].reshape(w.shape), w, rtol=1e-5, atol=1e-6)
 
@@ -110,6 +114,27 @@ def test_valid_calls_match_reference():
     with the reference."""
     _check_valid_forward()
     _check_valid_gradients()
+
+
+@pytest.mark.parametrize("lengths", [[-5, 2**31 - 1], [-(2**31), T + 1]])
+def test_out_of_range_lengths_are_clamped(lengths):
+    """Python refuses or clamps lengths outside [0, T]; a raw call with them is clamped in the
+    handler too (never read out of bounds), in both handlers."""
+    ops = {**forward_operands(), "lengths": jnp.array(lengths, jnp.int32)}
+    clamped = np.clip(lengths, 0, T)
+    y, z = call_forward(ops, attrs())
+    want_y, want_z = jax_sgrnn.reference(ops["x"], ops["R"][0], ops["W"], ops["b"], ops["h0"],
+                                         ops["mask"], seq_lengths=clamped, activation="tanh",
+                                         training=True)
+    np.testing.assert_allclose(y, want_y, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(z, want_z, rtol=1e-5, atol=1e-6)
+    ops = {**gradient_operands(), "lengths": jnp.array([lengths], jnp.int32)}
+    got = call_gradients(ops, attrs(training=False))
+    want = jax_sgrnn.reference_gradients(
+        ops["x"][0], ops["R"][0], ops["dy"][0], ops["z"][0], ops["W"], ops["b"], ops["h0"][0],
+        ops["mask"][0], seq_lengths=clamped, activation="tanh")
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g[0].reshape(w.shape), w, rtol=1e-5, atol=1e-6)
 
 
 # (id, changes to the operands, changes to the attributes, expected message)
@@ -166,6 +191,15 @@ FORWARD_CASES = [
      r"mask: expected a 3-d shape broadcastable to \[3, 2, 5\].*got \[0\]"),
     ("mask-flag-clear-buffer-given", {}, dict(has_mask=np.bool_(False)),
      r"mask: absent, so expected the empty placeholder \[0\], got \[3, 1, 5\]"),
+    ("lengths-float", dict(lengths=jnp.array([T, 1], F32)), {}, r"seq_lengths: expected int32"),
+    ("lengths-int64", dict(lengths=np.array([T, 1], np.int64)), {},
+     r"seq_lengths: expected int32"),
+    ("lengths-shape", dict(lengths=jnp.array([T, 1, 1], jnp.int32)), {},
+     r"seq_lengths: expected shape \[2\], got \[3\]"),
+    ("lengths-flag-set-placeholder-given", dict(lengths=jnp.zeros((0,), jnp.int32)), {},
+     r"seq_lengths: expected shape \[2\], got \[0\]"),
+    ("lengths-flag-clear-buffer-given", {}, dict(has_seq_lengths=np.bool_(False)),
+     r"seq_lengths: absent, so expected the empty placeholder \[0\], got \[2\]"),
     ("y-shape", dict(y=sds((T, N, H - 1))), {}, r"y: expected shape \[3, 2, 5\], got \[3, 2, 4\]"),
     ("y-too-small", dict(y=sds((T - 1, N, H))), {},
      r"y: expected shape \[3, 2, 5\], got \[2, 2, 5\]"),
@@ -235,6 +269,9 @@ GRADIENT_CASES = [
      r"mask: expected a 4-d shape broadcastable to \[1, 3, 2, 5\].*got \[2, 3, 1, 5\]"),
     ("mask-flag-clear-buffer-given", {}, dict(has_mask=np.bool_(False)),
      r"mask: absent, so expected the empty placeholder \[0\], got \[1, 3, 1, 5\]"),
+    ("lengths-no-group", dict(lengths=jnp.array([2, 0], jnp.int32)), {},
+     r"seq_lengths: expected shape \[1, 2\], got \[2\]"),
+    ("lengths-float", dict(lengths=jnp.array([[2, 0]], F32)), {}, r"seq_lengths: expected int32"),
     ("dx-shape", dict(dx=sds((1, T, N, H))), {},
      r"d_source: expected shape \[1, 3, 2, 4\], got \[1, 3, 2, 5\]"),
     ("dR-no-group", dict(dR=sds((1, H, H))), {},
@@ -265,10 +302,10 @@ def test_gradients_rejects(change, attr_change, message):
 # type the handler declares before the call is built, so it never reaches the decoder; a
 # missing, extra or array-valued attribute does.
 ATTRIBUTE_CASES = [
-    ("missing", dict(has_mask=None), r"Wrong number of attributes: expected 8 attributes but "
-                                     r"got 7"),
-    ("extra", dict(extra=np.int32(1)), r"Wrong number of attributes: expected 8 attributes "
-                                       r"but got 9"),
+    ("missing", dict(has_mask=None), r"Wrong number of attributes: expected 9 attributes but "
+                                     r"got 8"),
+    ("extra", dict(extra=np.int32(1)), r"Wrong number of attributes: expected 9 attributes "
+                                       r"but got 10"),
     ("activation-array", dict(activation=np.array([2], np.int32)),
      r"Wrong attribute type: expected scalar but got array"),
 ]
@@ -291,12 +328,12 @@ def test_error_inside_a_larger_jitted_computation():
     ops = {**forward_operands(), "h0": arr((N + 1, H))}
 
     @jax.jit
-    def program(x, R, W, b, h0, mask):
+    def program(x, R, W, b, h0, mask, lengths):
         y, z = jax.ffi.ffi_call(TARGETS["forward"], (ops["y"], ops["z"]))(
-            x * 2, R, W, b, h0, mask, **attrs())
+            x * 2, R, W, b, h0, mask, lengths, **attrs())
         return jnp.sum(y) + jnp.sum(z)
 
-    args = [ops[k] for k in ("x", "R", "W", "b", "h0", "mask")]
+    args = [ops[k] for k in ("x", "R", "W", "b", "h0", "mask", "lengths")]
     with pytest.raises(RuntimeErrors, match=re.escape("init_state: expected shape [2, 5]")):
         jax.block_until_ready(program(*args))
 

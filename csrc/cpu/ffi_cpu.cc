@@ -78,11 +78,11 @@ T* MutableOrNull(bool present, ffi::AnyBuffer b) {
 }
 
 ffi::Error ForwardImpl(ffi::AnyBuffer x, ffi::AnyBuffer R, ffi::AnyBuffer W, ffi::AnyBuffer b,
-                       ffi::AnyBuffer h0, ffi::AnyBuffer mask, Config c,
-                       ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> z,
+                       ffi::AnyBuffer h0, ffi::AnyBuffer mask, ffi::AnyBuffer seq_lengths,
+                       Config c, ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> z,
                        ffi::ThreadPool pool) {
   CheckedDims checked;
-  ffi::Error status = CheckForward(c, x, R, W, b, h0, mask, *y, *z, &checked);
+  ffi::Error status = CheckForward(c, x, R, W, b, h0, mask, seq_lengths, *y, *z, &checked);
   if (status.failure()) return status;
   const XlaPoolExecutor executor(pool);
   return DispatchFloat<kF32, kF64>(x.element_type(), "CPU", [&]<typename T>() {
@@ -96,6 +96,7 @@ ffi::Error ForwardImpl(ffi::AnyBuffer x, ffi::AnyBuffer R, ffi::AnyBuffer W, ffi
                    .h0 = DataOrNull<T>(c.has_init_state, h0),
                    .mask = c.has_mask ? MaskView<T>(DataOrNull<T>(true, mask), ms[1], ms[2], ms[3])
                                       : MaskView<T>(),
+                   .seq_lengths = DataOrNull<int32_t>(c.has_seq_lengths, seq_lengths),
                    .y = MutableOrNull<T>(true, *y),
                    .z = MutableOrNull<T>(c.training, *z)});
   });
@@ -103,13 +104,15 @@ ffi::Error ForwardImpl(ffi::AnyBuffer x, ffi::AnyBuffer R, ffi::AnyBuffer W, ffi
 
 ffi::Error GradientsImpl(ffi::AnyBuffer x, ffi::AnyBuffer R, ffi::AnyBuffer dy, ffi::AnyBuffer z,
                          ffi::AnyBuffer W, ffi::AnyBuffer b, ffi::AnyBuffer h0,
-                         ffi::AnyBuffer mask, Config c, ffi::Result<ffi::AnyBuffer> dx,
+                         ffi::AnyBuffer mask, ffi::AnyBuffer seq_lengths, Config c,
+                         ffi::Result<ffi::AnyBuffer> dx,
                          ffi::Result<ffi::AnyBuffer> dR, ffi::Result<ffi::AnyBuffer> dW,
                          ffi::Result<ffi::AnyBuffer> db, ffi::Result<ffi::AnyBuffer> dh0,
                          ffi::ThreadPool pool) {
   CheckedDims checked;
   ffi::Error status =
-      CheckGradients(c, x, R, dy, z, W, b, h0, mask, *dx, *dR, *dW, *db, *dh0, &checked);
+      CheckGradients(c, x, R, dy, z, W, b, h0, mask, seq_lengths, *dx, *dR, *dW, *db, *dh0,
+                     &checked);
   if (status.failure()) return status;
   const XlaPoolExecutor executor(pool);
   return DispatchFloat<kF32, kF64>(x.element_type(), "CPU", [&]<typename T>() {
@@ -128,6 +131,9 @@ ffi::Error GradientsImpl(ffi::AnyBuffer x, ffi::AnyBuffer R, ffi::AnyBuffer dy, 
                        .mask = c.has_mask ? MaskView<T>(DataOrNull<T>(true, mask) + o.mask,
                                                         ms[1], ms[2], ms[3])
                                           : MaskView<T>(),
+                       .seq_lengths = c.has_seq_lengths
+                                          ? DataOrNull<int32_t>(true, seq_lengths) + o.seq_lengths
+                                          : nullptr,
                        .dx = MutableOrNull<T>(true, *dx) + o.source,
                        .dR = MutableOrNull<T>(true, *dR) + o.d_recurrent_weight,
                        .dW = c.has_input_weight ? MutableOrNull<T>(true, *dW) + o.d_input_weight

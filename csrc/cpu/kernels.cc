@@ -53,16 +53,38 @@ void ParallelGemm(const Executor& ex, bool trans_a, bool trans_b, int64_t m, int
   }
 }
 
-// Reverses the time order of the [T, N, H] block at p (row stride ld) in place.
+// Reverses the time order of each row's first RowLength steps (all T without lengths) in the
+// [T, N, H] block at p (row stride ld), for batch rows n0..n1-1, in place.
 template <typename T>
-void FlipTime(T* p, const Dims& d, int64_t ld) {
-  for (int64_t t = 0; t < d.T / 2; ++t) {
-    for (int64_t n = 0; n < d.N; ++n) {
+void FlipTime(T* p, const Dims& d, int64_t ld, const int32_t* seq_lengths, int64_t n0,
+              int64_t n1) {
+  for (int64_t n = n0; n < n1; ++n) {
+    const int64_t length = RowLength(seq_lengths, n, d.T);
+    for (int64_t t = 0; t < length / 2; ++t) {
       T* a = p + (t * d.N + n) * ld;
-      T* b = p + ((d.T - 1 - t) * d.N + n) * ld;
+      T* b = p + ((length - 1 - t) * d.N + n) * ld;
       std::swap_ranges(a, a + d.H, b);
     }
   }
+}
+
+// Zeros the steps at and past each row's length in the [T, N, H] block at p (row stride ld),
+// for batch rows n0..n1-1: the padding of a run with per-row lengths.
+template <typename T>
+void ZeroPadding(T* p, const Dims& d, int64_t ld, const int32_t* seq_lengths, int64_t n0,
+                 int64_t n1) {
+  for (int64_t n = n0; n < n1; ++n) {
+    for (int64_t t = RowLength(seq_lengths, n, d.T); t < d.T; ++t) {
+      std::fill_n(p + (t * d.N + n) * ld, d.H, T(0));
+    }
+  }
+}
+
+// The layout a direction's step loop runs in: its own, or processing order when rows have
+// their own lengths (DirectionLayout::InProcessingOrder).
+DirectionLayout RunLayout(const Config& c, int64_t dir, const int32_t* seq_lengths) {
+  const DirectionLayout layout = LayoutOf(c, dir);
+  return seq_lengths ? layout.InProcessingOrder() : layout;
 }
 
 // out[n, j] = h[n, j] * mask[k, n0 + n, col0 + j] for an [n1-n0, H] block (h: row stride ld).
@@ -82,6 +104,16 @@ struct Band {
   int64_t item;    // 0 .. count-1, to find the piece's scratch memory
   int64_t dir;     // direction
   int64_t n0, n1;  // batch rows
+
+  // The steps the piece runs: up to its longest row (rows past their length compute values
+  // that are never used and zeroed at the end; the product stays one GEMM for all rows).
+  int64_t Steps(const int32_t* seq_lengths, int64_t T) const {
+    int64_t steps = seq_lengths ? 0 : T;
+    for (int64_t n = n0; seq_lengths && n < n1; ++n) {
+      steps = std::max(steps, RowLength(seq_lengths, n, T));
+    }
+    return steps;
+  }
 };
 
 class Bands {
@@ -133,8 +165,10 @@ void Forward(const Executor& ex, const Config& c, const Dims& d, const ForwardAr
       for (int64_t j = 0; j < DH; ++j) zs[r * DH + j] += a.b[j];
     }
   }
-  for (int64_t dir = 0; dir < d.D; ++dir) {
-    if (LayoutOf(c, dir).source_order_differs()) FlipTime(zs + dir * H, d, DH);
+  for (int64_t dir = 0; dir < d.D; ++dir) {  // each step's input into its step's slot
+    if (RunLayout(c, dir, a.seq_lengths).source_order_differs()) {
+      FlipTime(zs + dir * H, d, DH, a.seq_lengths, 0, N);
+    }
   }
 
   const Bands bands(ex, d);
@@ -144,17 +178,18 @@ void Forward(const Executor& ex, const Config& c, const Dims& d, const ForwardAr
   const int64_t block = bands.max_rows() * H, scratch = 3 * block;
   std::vector<T> scratch_all(bands.count() * scratch);
   bands.ForEach(ex, [&](const Band& band) {
-    const DirectionLayout layout = LayoutOf(c, band.dir);
+    const DirectionLayout run = RunLayout(c, band.dir, a.seq_lengths);
     const int64_t col = band.dir * H, n_rows = band.n1 - band.n0, row0 = band.n0 * DH + col;
     const T* R = a.R + band.dir * H * H;
     T* masked = scratch_all.data() + band.item * scratch;
     T* mask_block = masked + block;
     const T* zero_state = masked + 2 * block;
-    for (int64_t k = 0; k < d.T; ++k) {
-      const int64_t slot = layout.Slot(k, d.T);
+    const int64_t steps = band.Steps(a.seq_lengths, d.T);
+    for (int64_t k = 0; k < steps; ++k) {
+      const int64_t slot = run.Slot(k, d.T);
       T* z_k = zs + slot * N * DH + row0;
       T* y_k = a.y + slot * N * DH + row0;
-      const T* h_prev = k > 0 ? a.y + layout.Slot(k - 1, d.T) * N * DH + row0
+      const T* h_prev = k > 0 ? a.y + run.Slot(k - 1, d.T) * N * DH + row0
                               : (a.h0 ? a.h0 + row0 : zero_state);
       int64_t ld = h_prev == zero_state ? H : DH;
       if (a.mask.data) {
@@ -167,6 +202,15 @@ void Forward(const Executor& ex, const Config& c, const Dims& d, const ForwardAr
           for (int64_t j = 0; j < H; ++j) y_k[n * DH + j] = Activate<A>(z_k[n * DH + j]);
         }
       });
+    }
+    if (a.seq_lengths) {  // padding to zeros, then the flipped half's rows into source time
+      for (T* out : {a.y, c.training ? a.z : nullptr}) {
+        if (out == nullptr) continue;
+        ZeroPadding(out + col, d, DH, a.seq_lengths, band.n0, band.n1);
+        if (LayoutOf(c, band.dir).store_flipped) {
+          FlipTime(out + col, d, DH, a.seq_lengths, band.n0, band.n1);
+        }
+      }
     }
   });
 }
@@ -194,14 +238,15 @@ void Gradients(const Executor& ex, const Config& c, const Dims& d, const Gradien
   const int64_t scratch = 2 * bands.max_rows() * H;
   std::vector<T> scratch_all(bands.count() * scratch);
   bands.ForEach(ex, [&](const Band& band) {
-    const DirectionLayout layout = LayoutOf(c, band.dir);
+    const DirectionLayout layout = LayoutOf(c, band.dir), run = RunLayout(c, band.dir,
+                                                                         a.seq_lengths);
     const int64_t col = band.dir * H, n_rows = band.n1 - band.n0, row0 = band.n0 * DH + col;
     const T* R = a.R + band.dir * H * H;
     T* hm_dir = hm.data() + band.dir * hm_size + band.n0 * H;
     T* carry = scratch_all.data() + band.item * scratch;
     T* mask_block = carry + scratch / 2;
 
-    T* hm_first = hm_dir + layout.Slot(0, d.T) * N * H;
+    T* hm_first = hm_dir + run.Slot(0, d.T) * N * H;
     if (!a.h0) {
       // The zero state is still masked, so a non-finite mask gives NaN as the reference does.
       std::fill(hm_first, hm_first + n_rows * H, T(0));
@@ -214,19 +259,23 @@ void Gradients(const Executor& ex, const Config& c, const Dims& d, const Gradien
     }
 
     std::fill(carry, carry + n_rows * H, T(0));
-    for (int64_t k = d.T - 1; k >= 0; --k) {
-      const int64_t slot = layout.Slot(k, d.T);
-      const T* dy_k = a.dy + slot * N * DH + row0;
-      const T* z_k = a.z + slot * N * DH + row0;
+    for (int64_t k = band.Steps(a.seq_lengths, d.T) - 1; k >= 0; --k) {
+      const int64_t slot = run.Slot(k, d.T);
       T* dz_k = dz + slot * N * DH + row0;
       // h[k] feeds step k+1: store it while act(z[k]) is at hand.
-      T* hm_next = hm_dir + (k + 1 < d.T ? layout.Slot(k + 1, d.T) : d.T) * N * H;
+      T* hm_next = hm_dir + (k + 1 < d.T ? run.Slot(k + 1, d.T) : d.T) * N * H;
       DispatchActivation(c.activation, [&]<Activation A>() {
         for (int64_t n = 0; n < n_rows; ++n) {
+          // dy and z where the forward stored step k: a flipped slot depends on the row's
+          // length (a finished row reads any in-bounds slot; its results are discarded).
+          const int64_t length = RowLength(a.seq_lengths, band.n0 + n, d.T);
+          const int64_t in = (k < length ? layout.Slot(k, length) : k) * N * DH + row0 + n * DH;
+          const T* dy_row = a.dy + in;
+          const T* z_row = a.z + in;
           for (int64_t j = 0; j < H; ++j) {
-            const T zv = z_k[n * DH + j];
+            const T zv = z_row[j];
             const T h = Activate<A>(zv);
-            dz_k[n * DH + j] = (dy_k[n * DH + j] + carry[n * H + j]) * ActivateGrad<A>(zv, h);
+            dz_k[n * DH + j] = (dy_row[j] + carry[n * H + j]) * ActivateGrad<A>(zv, h);
             hm_next[n * H + j] = h;
           }
         }
@@ -237,16 +286,25 @@ void Gradients(const Executor& ex, const Config& c, const Dims& d, const Gradien
       if (k == 0 && !a.dh0) break;
       Gemm(false, false, n_rows, H, H, T(1), dz_k, DH, R, H, T(0), carry, H);
       if (a.mask.data) MaskRows(a.mask, k, col, band.n0, band.n1, H, carry, H, mask_block, carry);
+      for (int64_t n = 0; a.seq_lengths && n < n_rows; ++n) {  // a finished row feeds nothing
+        if (k >= RowLength(a.seq_lengths, band.n0 + n, d.T)) std::fill_n(carry + n * H, H, T(0));
+      }
     }
     if (a.dh0) {
       for (int64_t n = 0; n < n_rows; ++n) std::copy_n(carry + n * H, H, a.dh0 + row0 + n * DH);
+    }
+    if (a.seq_lengths) {  // no gradient and no dR term from a row's padded steps
+      ZeroPadding(dz + col, d, DH, a.seq_lengths, band.n0, band.n1);
+      ZeroPadding(hm.data() + band.dir * hm_size, d, H, a.seq_lengths, band.n0, band.n1);
     }
   });
 
   for (int64_t dir = 0; dir < d.D; ++dir) {
     ParallelGemm(ex, true, false, H, H, rows, dz + dir * H, DH, hm.data() + dir * hm_size, H,
                  T(0), a.dR + dir * H * H, H);
-    if (LayoutOf(c, dir).source_order_differs()) FlipTime(dz + dir * H, d, DH);  // source time
+    if (RunLayout(c, dir, a.seq_lengths).source_order_differs()) {  // to source time
+      FlipTime(dz + dir * H, d, DH, a.seq_lengths, 0, N);
+    }
   }
 
   // dz is now dx' in source time order for both directions: the rest are large products.

@@ -32,6 +32,7 @@ struct ForwardArgs {
   const T* b;   // [D*H] or null
   const T* h0;  // [N, D*H] or null
   MaskView<T> mask;
+  const int32_t* seq_lengths;  // [N] or null (RowLength clamps them)
   T* y;  // [T, N, D*H]
   T* z;  // [T, N, D*H], or null when not training
 };
@@ -49,6 +50,7 @@ struct GradientArgs {
   const T* W;   // [D*H, I] or null
   const T* h0;  // [N, D*H] or null
   MaskView<T> mask;
+  const int32_t* seq_lengths;  // [N] or null
   T* dx;   // [T, N, I]
   T* dR;   // [D, H, H]
   T* dW;   // [D*H, I] or null

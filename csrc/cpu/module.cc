@@ -33,9 +33,11 @@ struct MissingBackend {
   }
   using Buf = ffi::AnyBuffer;
   using Out = ffi::Result<ffi::AnyBuffer>;
-  static ffi::Error Forward(Buf, Buf, Buf, Buf, Buf, Buf, Config, Out, Out) { return Fail(); }
-  static ffi::Error Gradients(Buf, Buf, Buf, Buf, Buf, Buf, Buf, Buf, Config, Out, Out, Out,
-                              Out, Out) {
+  static ffi::Error Forward(Buf, Buf, Buf, Buf, Buf, Buf, Buf, Config, Out, Out) {
+    return Fail();
+  }
+  static ffi::Error Gradients(Buf, Buf, Buf, Buf, Buf, Buf, Buf, Buf, Buf, Config, Out, Out,
+                              Out, Out, Out) {
     return Fail();
   }
   static XLA_FFI_Error* ForwardHandler(XLA_FFI_CallFrame* frame) {

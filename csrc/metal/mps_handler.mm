@@ -415,6 +415,9 @@ ffi::Error Run(Op op, const Config& c, const CheckedDims& checked, ffi::DataType
   if (!type) {
     return Fail(ffi::ErrorCode::kInvalidArgument, "the handler takes float32 or float16");
   }
+  if (const std::optional<std::string> why = mps::Unsupported(c)) {
+    return Fail(ffi::ErrorCode::kUnimplemented, *why);
+  }
   if (mps::IsEmptyProblem(checked.dims, checked.G)) {
     for (int i = 0; i < kMaxOutputs; ++i) {
       if (call.output_bytes[i] > 0) std::memset(call.outputs[i], 0, call.output_bytes[i]);
@@ -453,11 +456,11 @@ void SetOutput(CallBuffers& call, int output, ffi::AnyBuffer buffer) {
 }
 
 ffi::Error ForwardImpl(ffi::AnyBuffer x, ffi::AnyBuffer R, ffi::AnyBuffer W, ffi::AnyBuffer b,
-                       ffi::AnyBuffer h0, ffi::AnyBuffer mask, Config c,
-                       ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> z) {
+                       ffi::AnyBuffer h0, ffi::AnyBuffer mask, ffi::AnyBuffer seq_lengths,
+                       Config c, ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> z) {
   return GuardExceptions([&]() -> ffi::Error {
     CheckedDims checked;
-    ffi::Error status = CheckForward(c, x, R, W, b, h0, mask, *y, *z, &checked);
+    ffi::Error status = CheckForward(c, x, R, W, b, h0, mask, seq_lengths, *y, *z, &checked);
     if (status.failure()) return status;
     CallBuffers call;
     SetOperand(call, Operand::kSource, x);
@@ -474,13 +477,14 @@ ffi::Error ForwardImpl(ffi::AnyBuffer x, ffi::AnyBuffer R, ffi::AnyBuffer W, ffi
 
 ffi::Error GradientsImpl(ffi::AnyBuffer x, ffi::AnyBuffer R, ffi::AnyBuffer dy, ffi::AnyBuffer z,
                          ffi::AnyBuffer W, ffi::AnyBuffer b, ffi::AnyBuffer h0,
-                         ffi::AnyBuffer mask, Config c, ffi::Result<ffi::AnyBuffer> dx,
-                         ffi::Result<ffi::AnyBuffer> dR, ffi::Result<ffi::AnyBuffer> dW,
-                         ffi::Result<ffi::AnyBuffer> db, ffi::Result<ffi::AnyBuffer> dh0) {
+                         ffi::AnyBuffer mask, ffi::AnyBuffer seq_lengths, Config c,
+                         ffi::Result<ffi::AnyBuffer> dx, ffi::Result<ffi::AnyBuffer> dR,
+                         ffi::Result<ffi::AnyBuffer> dW, ffi::Result<ffi::AnyBuffer> db,
+                         ffi::Result<ffi::AnyBuffer> dh0) {
   return GuardExceptions([&]() -> ffi::Error {
     CheckedDims checked;
-    ffi::Error status =
-        CheckGradients(c, x, R, dy, z, W, b, h0, mask, *dx, *dR, *dW, *db, *dh0, &checked);
+    ffi::Error status = CheckGradients(c, x, R, dy, z, W, b, h0, mask, seq_lengths, *dx, *dR,
+                                       *dW, *db, *dh0, &checked);
     if (status.failure()) return status;
     CallBuffers call;
     SetOperand(call, Operand::kSource, x);

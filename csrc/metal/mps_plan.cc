@@ -5,6 +5,14 @@
 
 namespace sgrnn::mps {
 
+std::optional<std::string> Unsupported(const Config& c) {
+  if (c.has_seq_lengths) {
+    return "seq_lengths: MPSGraph's single-gate RNN has no per-row lengths (the lowering runs "
+           "such calls on the lax.scan decomposition)";
+  }
+  return std::nullopt;
+}
+
 Overload ChooseOverload(const Config& c) {
   if (c.has_mask) return Overload::kWithMask;
   if (c.has_input_weight || c.has_bias) return Overload::kWithoutMask;

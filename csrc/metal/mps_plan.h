@@ -26,6 +26,11 @@ enum class Overload {
   kInitStateOnly,  // ...initState:descriptor:name: (no input weight, bias or mask)
 };
 
+// Why MPSGraph cannot run a call of this config, or nothing when it can. MPSGraph's op has no
+// per-row sequence lengths; the Python lowering sends such calls to the decomposition, so this
+// only answers a raw custom call.
+std::optional<std::string> Unsupported(const Config& c);
+
 // The narrowest overload that takes every operand present; absent ones are passed as nil.
 Overload ChooseOverload(const Config& c);
 

@@ -35,6 +35,7 @@ struct Config {
   bool has_bias;
   bool has_init_state;
   bool has_mask;
+  bool has_seq_lengths;  // per-row sequence lengths (int32 [N]); not an MPSGraph operand
 
   int64_t directions() const { return bidirectional ? 2 : 1; }
 };
@@ -56,7 +57,18 @@ struct DirectionLayout {
   // True when projected inputs, computed in source time order, must be flipped in time to sit
   // in their step's slot (unidirectional reverse), and gradients flipped back the same way.
   bool source_order_differs() const { return read_reversed != store_flipped; }
+  // With per-row lengths a flipped slot differs from row to row, so a run stores step k at k
+  // and flips each row's first `length` steps into place afterwards.
+  DirectionLayout InProcessingOrder() const { return {read_reversed, false}; }
 };
+
+// Row n's number of valid steps: seq_lengths[n] clamped to [0, T] (the Python side rejects
+// concrete lengths outside it and documents the clamp for traced ones); T without lengths.
+// Steps k >= length leave the row's state alone and give zeros; a reversed direction starts at
+// the row's own last valid step, so DirectionLayout's T becomes the row's length.
+inline int64_t RowLength(const int32_t* seq_lengths, int64_t n, int64_t T) {
+  return seq_lengths ? std::clamp<int64_t>(seq_lengths[n], 0, T) : T;
+}
 
 inline DirectionLayout LayoutOf(const Config& c, int64_t direction) {
   if (direction == 1) return {true, true};

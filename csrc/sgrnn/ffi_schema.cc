@@ -58,6 +58,21 @@ class Checker {
     }
   }
 
+  // Per-row lengths: int32 of exactly `shape` when present, else the [0] placeholder (any
+  // dtype). Their values need no check: the kernels clamp them to [0, T].
+  void Lengths(const char* name, bool present, const ffi::AnyBuffer& b, const Shape& shape) {
+    if (!ok()) return;
+    if (present && b.element_type() != ffi::DataType::S32) {
+      Fail(std::string(name) + ": expected int32");
+    } else if (present && ShapeOf(b) != shape) {
+      Fail(std::string(name) + ": expected shape " + ShapeString(shape) + ", got " +
+           ShapeString(ShapeOf(b)));
+    } else if (!present && ShapeOf(b) != Shape{0}) {
+      Fail(std::string(name) + ": absent, so expected the empty placeholder [0], got " +
+           ShapeString(ShapeOf(b)));
+    }
+  }
+
   // Each dimension of the buffer is 1 or the matching one of `full`.
   void Broadcastable(const char* name, const ffi::AnyBuffer& b, const Shape& full,
                      int64_t* dims_out) {
@@ -118,7 +133,8 @@ void CheckWeights(const Config& c, Checker& check, const ffi::AnyBuffer& R,
 
 ffi::Error CheckForward(const Config& c, ffi::AnyBuffer x, ffi::AnyBuffer R, ffi::AnyBuffer W,
                         ffi::AnyBuffer b, ffi::AnyBuffer h0, ffi::AnyBuffer mask,
-                        ffi::AnyBuffer y, ffi::AnyBuffer z, CheckedDims* out) {
+                        ffi::AnyBuffer seq_lengths, ffi::AnyBuffer y, ffi::AnyBuffer z,
+                        CheckedDims* out) {
   Checker check(x.element_type());
   Dims& d = out->dims;
   d = Dims{0, 0, 0, 0, 1};
@@ -133,6 +149,7 @@ ffi::Error CheckForward(const Config& c, ffi::AnyBuffer x, ffi::AnyBuffer R, ffi
   } else {
     check.Optional("mask", false, mask, {});
   }
+  check.Lengths("seq_lengths", c.has_seq_lengths, seq_lengths, {d.N});
   check.Exact("y", y, {d.T, d.N, d.DH()});
   check.Optional("z", c.training, z, {d.T, d.N, d.DH()});
   return check.Result();
@@ -140,7 +157,8 @@ ffi::Error CheckForward(const Config& c, ffi::AnyBuffer x, ffi::AnyBuffer R, ffi
 
 ffi::Error CheckGradients(const Config& c, ffi::AnyBuffer x, ffi::AnyBuffer R, ffi::AnyBuffer dy,
                           ffi::AnyBuffer z, ffi::AnyBuffer W, ffi::AnyBuffer b, ffi::AnyBuffer h0,
-                          ffi::AnyBuffer mask, ffi::AnyBuffer dx, ffi::AnyBuffer dR,
+                          ffi::AnyBuffer mask, ffi::AnyBuffer seq_lengths, ffi::AnyBuffer dx,
+                          ffi::AnyBuffer dR,
                           ffi::AnyBuffer dW, ffi::AnyBuffer db, ffi::AnyBuffer dh0,
                           CheckedDims* out) {
   Checker check(x.element_type());
@@ -161,6 +179,7 @@ ffi::Error CheckGradients(const Config& c, ffi::AnyBuffer x, ffi::AnyBuffer R, f
   } else {
     check.Optional("mask", false, mask, {});
   }
+  check.Lengths("seq_lengths", c.has_seq_lengths, seq_lengths, {G, d.N});
   check.Exact("d_source", dx, {G, d.T, d.N, d.I});
   check.Exact("d_recurrent_weight", dR, {G, d.D, d.H, d.H});
   check.Optional("d_input_weight", c.has_input_weight, dW, {G, DH, d.I});

@@ -24,13 +24,14 @@ XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
     ::xla::ffi::StructMember<bool>("has_input_weight"),
     ::xla::ffi::StructMember<bool>("has_bias"),
     ::xla::ffi::StructMember<bool>("has_init_state"),
-    ::xla::ffi::StructMember<bool>("has_mask"));
+    ::xla::ffi::StructMember<bool>("has_mask"),
+    ::xla::ffi::StructMember<bool>("has_seq_lengths"));
 
 namespace sgrnn {
 
 namespace ffi = ::xla::ffi;
 
-// Forward: (x, R, W, b, h0, mask) -> (y, z).
+// Forward: (x, R, W, b, h0, mask, seq_lengths) -> (y, z).
 inline auto BindForward() {
   return ffi::Ffi::Bind()
       .Arg<ffi::AnyBuffer>()  // x: source [T, N, I]
@@ -39,13 +40,14 @@ inline auto BindForward() {
       .Arg<ffi::AnyBuffer>()  // b: bias [D*H], or [0]
       .Arg<ffi::AnyBuffer>()  // h0: init state [N, D*H], or [0]
       .Arg<ffi::AnyBuffer>()  // mask: [Tm, Nm, Hm], each 1 or full, or [0]
+      .Arg<ffi::AnyBuffer>()  // seq_lengths: int32 [N], or int32 [0]
       .Attrs<Config>()
       .Ret<ffi::AnyBuffer>()   // y: [T, N, D*H]
       .Ret<ffi::AnyBuffer>();  // z: [T, N, D*H] when training, else [0]
 }
 
 // Gradients, over G independent problems sharing the weights (G > 1 under vmap):
-// (x, R, dy, z, W, b, h0, mask) -> (dx, dR, dW, db, dh0).
+// (x, R, dy, z, W, b, h0, mask, seq_lengths) -> (dx, dR, dW, db, dh0).
 inline auto BindGradients() {
   return ffi::Ffi::Bind()
       .Arg<ffi::AnyBuffer>()  // x: source [G, T, N, I]
@@ -56,6 +58,7 @@ inline auto BindGradients() {
       .Arg<ffi::AnyBuffer>()  // b: bias [D*H], or [0] (only its presence matters)
       .Arg<ffi::AnyBuffer>()  // h0: init state [G, N, D*H], or [0]
       .Arg<ffi::AnyBuffer>()  // mask: [Gm, Tm, Nm, Hm], each 1 or full, or [0]
+      .Arg<ffi::AnyBuffer>()  // seq_lengths: int32 [G, N], or int32 [0]
       .Attrs<Config>()
       .Ret<ffi::AnyBuffer>()   // dx: [G, T, N, I]
       .Ret<ffi::AnyBuffer>()   // dR: [G, D, H, H]
@@ -70,6 +73,7 @@ struct GroupOffsets {
   int64_t source;              // x and dx
   int64_t state;               // dy and z
   int64_t init_state;          // h0 and dh0
+  int64_t seq_lengths;         // seq_lengths
   int64_t mask;                // 0 when every group shares the mask
   int64_t d_recurrent_weight;  // dR
   int64_t d_input_weight;      // dW
@@ -86,7 +90,7 @@ struct CheckedDims {
     const Dims& d = dims;
     const int64_t mask_group =
         mask_shape[0] == 1 ? 0 : mask_shape[1] * mask_shape[2] * mask_shape[3];
-    return {g * d.rows() * d.I, g * d.rows() * d.DH(), g * d.N * d.DH(), g * mask_group,
+    return {g * d.rows() * d.I, g * d.rows() * d.DH(), g * d.N * d.DH(), g * d.N, g * mask_group,
             g * d.D * d.H * d.H, g * d.DH() * d.I, g * d.DH()};
   }
 };
@@ -95,11 +99,13 @@ struct CheckedDims {
 // naming the operand, the expected and the received shape.
 ffi::Error CheckForward(const Config& c, ffi::AnyBuffer x, ffi::AnyBuffer R, ffi::AnyBuffer W,
                         ffi::AnyBuffer b, ffi::AnyBuffer h0, ffi::AnyBuffer mask,
-                        ffi::AnyBuffer y, ffi::AnyBuffer z, CheckedDims* out);
+                        ffi::AnyBuffer seq_lengths, ffi::AnyBuffer y, ffi::AnyBuffer z,
+                        CheckedDims* out);
 
 ffi::Error CheckGradients(const Config& c, ffi::AnyBuffer x, ffi::AnyBuffer R, ffi::AnyBuffer dy,
                           ffi::AnyBuffer z, ffi::AnyBuffer W, ffi::AnyBuffer b, ffi::AnyBuffer h0,
-                          ffi::AnyBuffer mask, ffi::AnyBuffer dx, ffi::AnyBuffer dR,
+                          ffi::AnyBuffer mask, ffi::AnyBuffer seq_lengths, ffi::AnyBuffer dx,
+                          ffi::AnyBuffer dR,
                           ffi::AnyBuffer dW, ffi::AnyBuffer db, ffi::AnyBuffer dh0,
                           CheckedDims* out);
 

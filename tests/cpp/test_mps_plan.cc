@@ -321,6 +321,15 @@ void TestElementTypes() {
   }
 }
 
+void TestUnsupported() {
+  Config c = MakeConfig(true, true, true, true, true, true);
+  Check(!Unsupported(c), "every MPSGraph operand pattern is supported");
+  c.has_seq_lengths = true;
+  const std::optional<std::string> why = Unsupported(c);
+  Check(why && why->find("seq_lengths") != std::string::npos,
+        "seq_lengths is refused, naming the operand");
+}
+
 void TestEmptyProblem() {
   Check(IsEmptyProblem(Dims{0, 2, 3, 4, 1}, 1), "T = 0 is empty");
   Check(IsEmptyProblem(Dims{2, 0, 3, 4, 1}, 1), "N = 0 is empty");
@@ -341,6 +350,7 @@ int main() {
   TestForwardResults();
   TestElementTypes();
   TestEmptyProblem();
+  TestUnsupported();
   std::printf("%d of %d checks failed\n", failures, checks);
   return failures == 0 ? 0 : 1;
 }
