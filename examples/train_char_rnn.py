@@ -9,8 +9,9 @@ text; the last 10% is held out for validation. Losses are reported in bits per c
 next to the text's unigram entropy (what a model that ignores context would reach).
 
 Run ``python examples/train_char_rnn.py --help`` for the flags; ``--impl reference`` runs the
-same model on the plain ``lax.scan`` implementation, for comparison. Writes
-``char_rnn_log.json`` and ``char_rnn_loss.png`` to ``--out-dir``.
+same model on the plain ``lax.scan`` implementation, for comparison; ``--devices K`` trains
+data-parallel on K local devices (each batch split over them, the parameters replicated; see
+``docs/scaling.md``). Writes ``char_rnn_log.json`` and ``char_rnn_loss.png`` to ``--out-dir``.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import matplotlib
 import numpy as np
 import optax
 from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tqdm import tqdm
 
 from jax_sgrnn.nn import StackedSingleGateRNN
@@ -118,6 +120,19 @@ def windows(ids: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
     return ids[idx], ids[idx + 1]
 
 
+def data_parallel(devices: int, model: CharRNN, optimizer: nnx.Optimizer) -> NamedSharding:
+    """Replicates the model and optimizer state over the first ``devices`` local devices;
+    returns the sharding that splits a batch (its leading axis) over them.
+
+    With the batch split, each device runs the RNN's custom calls on its own sequences and the
+    weight gradients are summed across devices by one all-reduce (``docs/scaling.md``).
+    """
+    mesh = Mesh(np.array(jax.local_devices()[:devices]), ("data",))
+    state = nnx.state((model, optimizer))
+    nnx.update((model, optimizer), jax.device_put(state, NamedSharding(mesh, PartitionSpec())))
+    return NamedSharding(mesh, PartitionSpec("data"))
+
+
 def plot_losses(log: dict, path: pathlib.Path) -> None:
     """Training loss (raw and smoothed), validation loss and the unigram entropy."""
     train = np.asarray(log["train_bits"])
@@ -167,7 +182,17 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="random seed")
     p.add_argument("--out-dir", default="runs/char_rnn", help="where the log and plot go")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    return p.parse_args(argv)
+    p.add_argument("--devices", type=int, default=1,
+                   help="local devices to train on, data-parallel (the batch is split over them)")
+    args = p.parse_args(argv)
+    available = jax.local_device_count()
+    if not 1 <= args.devices <= available:
+        p.error(f"--devices {args.devices}: {available} local {jax.default_backend()} device(s) "
+                "available (on CPU, XLA_FLAGS=--xla_force_host_platform_device_count=K "
+                "provides K)")
+    if args.batch % args.devices:
+        p.error(f"--batch {args.batch} does not split evenly over --devices {args.devices}")
+    return args
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict:
@@ -194,6 +219,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     optimizer = nnx.Optimizer(
         model, optax.chain(optax.clip_by_global_norm(args.clip), optax.adam(schedule)),
         wrt=nnx.Param)
+    batch_sharding = data_parallel(args.devices, model, optimizer)
     rng = np.random.default_rng(args.seed)
     offsets = np.arange(args.seq_len + 1)
 
@@ -208,7 +234,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         "train_bits": [], "val": [],
     }
     print(f"text: {len(text):,} characters, {len(chars)} distinct; unigram entropy "
-          f"{unigram:.3f} bits/char; impl={args.impl} on {jax.default_backend()}")
+          f"{unigram:.3f} bits/char; impl={args.impl} on {args.devices} "
+          f"{jax.default_backend()} device(s)")
 
     chars_per_step = args.batch * args.seq_len
     bar = tqdm(range(1, args.steps + 1), desc=f"train ({args.impl})", disable=args.quiet,
@@ -217,8 +244,9 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     for step in bar:
         batch = train_ids[rng.integers(0, len(train_ids) - args.seq_len - 1, args.batch)[:, None]
                           + offsets]
+        inputs, targets = jax.device_put((batch[:, :-1], batch[:, 1:]), batch_sharding)
         t0 = time.perf_counter()
-        bits = float(train_step(model, optimizer, batch[:, :-1], batch[:, 1:])) / LN2
+        bits = float(train_step(model, optimizer, inputs, targets)) / LN2
         if step > 1:  # the first step compiles
             train_time += time.perf_counter() - t0
         log["train_bits"].append(bits)

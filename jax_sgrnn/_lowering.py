@@ -18,6 +18,7 @@ from jax.interpreters import mlir
 from ._backends import Backend, backend_for_platform, platforms
 from ._primitives import OpConfig, forward_p, forward_reference, gradients_p
 from ._primitives import gradients_reference
+from ._sharding import partitioned
 from ._spec import OPTIONAL_NAMES
 
 
@@ -63,9 +64,12 @@ def _ffi_gradients(x, R, dy, z, *rest, config: OpConfig, backend: Backend) -> li
 
 def _lower(ctx, *args, config: OpConfig, platform: str, custom_call, decomposition):
     backend = backend_for_platform(config.backends, platform)
-    fn = (decomposition if backend is None
-          else functools.partial(custom_call, backend=backend))
-    return mlir.lower_fun(fn, multiple_results=True)(ctx, *args, config=config)
+    if backend is None:  # XLA partitions the decomposition like any JAX code
+        fn = functools.partial(decomposition, config=config)
+    else:
+        fn = partitioned(ctx, functools.partial(custom_call, backend=backend, config=config),
+                         config)
+    return mlir.lower_fun(fn, multiple_results=True)(ctx, *args)
 
 
 for _primitive, _custom_call, _decomposition in ((forward_p, _ffi_forward, forward_reference),

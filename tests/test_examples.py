@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import pathlib
+import subprocess
+import sys
 from types import ModuleType
 
+import jax
 import numpy as np
 import pytest
 
@@ -72,6 +76,30 @@ def test_char_rnn_op_and_reference_follow_the_same_trajectory(char_rnn_logs):
     np.testing.assert_allclose(op["train_bits"], ref["train_bits"], rtol=1e-4)
     np.testing.assert_allclose([v["bits"] for v in op["val"]],
                                [v["bits"] for v in ref["val"]], rtol=1e-4)
+
+
+def test_char_rnn_on_two_devices_follows_the_one_device_trajectory(char_rnn_logs, tmp_path):
+    """``--devices 2`` (data-parallel over two host devices, in a subprocess: the device
+    count is fixed when JAX starts) trains like one device: same batches, same sums."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               JAX_ENABLE_X64=str(int(jax.config.jax_enable_x64)),  # as in this process
+               XLA_FLAGS=os.environ.get("XLA_FLAGS", "")
+               + " --xla_force_host_platform_device_count=2")
+    run = subprocess.run([sys.executable, str(EXAMPLES / "train_char_rnn.py"), *CHAR_FLAGS,
+                          "--impl", "op", "--devices", "2", "--out-dir", str(tmp_path)],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-4000:]
+    two = json.loads((tmp_path / "char_rnn_log.json").read_text())
+    one = char_rnn_logs["op"][0]
+    np.testing.assert_allclose(two["train_bits"], one["train_bits"], rtol=1e-4)
+    np.testing.assert_allclose([v["bits"] for v in two["val"]],
+                               [v["bits"] for v in one["val"]], rtol=1e-4)
+
+
+def test_char_rnn_refuses_more_devices_than_there_are(capsys):
+    with pytest.raises(SystemExit):
+        load_example("train_char_rnn").parse_args(["--devices", "1000"])
+    assert "--devices 1000" in capsys.readouterr().err
 
 
 def test_digits_learns_and_writes_its_outputs(digits_logs):
