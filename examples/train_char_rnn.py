@@ -240,23 +240,39 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     chars_per_step = args.batch * args.seq_len
     bar = tqdm(range(1, args.steps + 1), desc=f"train ({args.impl})", disable=args.quiet,
                unit="step")
-    train_time = 0.0
+    train_time, clock, unread, bits = 0.0, None, None, float("nan")
+
+    def read(loss: jax.Array) -> float:
+        """Waits for a step's loss and logs it, in bits per character."""
+        bits = float(loss) / LN2
+        log["train_bits"].append(bits)
+        return bits
+
     for step in bar:
         batch = train_ids[rng.integers(0, len(train_ids) - args.seq_len - 1, args.batch)[:, None]
                           + offsets]
         inputs, targets = jax.device_put((batch[:, :-1], batch[:, 1:]), batch_sharding)
-        t0 = time.perf_counter()
-        bits = float(train_step(model, optimizer, inputs, targets)) / LN2
-        if step > 1:  # the first step compiles
-            train_time += time.perf_counter() - t0
-        log["train_bits"].append(bits)
+        loss = train_step(model, optimizer, inputs, targets)
+        # The previous step's loss is read only now, with this step queued behind it, so the
+        # host samples and sends the next batch while the devices work.
+        if unread is not None:
+            bits = read(unread)
+        unread = loss
+        validate = step % args.val_every == 0 or step == args.steps
+        if step == 1 or validate:  # the model must be this step's: wait for it
+            bits, unread = read(unread), None
+            if step == 1:  # which compiles: not timed
+                clock = time.perf_counter()
         postfix = {"bits/char": f"{bits:.3f}"}
-        if train_time > 0:
-            postfix["chars/s"] = f"{chars_per_step * (step - 1) / train_time:,.0f}"
-        if step % args.val_every == 0 or step == args.steps:
+        if step > 1:
+            elapsed = train_time + time.perf_counter() - clock
+            postfix["chars/s"] = f"{chars_per_step * (step - 1) / elapsed:,.0f}"
+        if validate:
+            train_time += time.perf_counter() - clock
             val_bits = float(eval_loss(model, val_inputs, val_targets)) / LN2
             log["val"].append({"step": step, "bits": val_bits})
             bar.write(f"step {step}: train {bits:.3f}, validation {val_bits:.3f} bits/char")
+            clock = time.perf_counter()
         if log["val"]:
             postfix["val"] = f"{log['val'][-1]['bits']:.3f}"
         bar.set_postfix(postfix)

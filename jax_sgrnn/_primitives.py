@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching
+from jax.sharding import PartitionSpec
 
 from ._spec import OPTIONAL_NAMES, Dims, SingleGateRNNDescriptor, check_shapes, shape_of
 from .reference import reference, reference_gradients
@@ -80,6 +81,14 @@ class OpConfig:
                     has_seq_lengths=np.bool_(self.has_seq_lengths))
 
 
+def _result_aval(x, shape) -> jax.core.ShapedArray:
+    """A result of ``shape`` in ``x``'s dtype with ``x``'s other type attributes: inside a
+    ``shard_map``, the mesh axes it varies over (``ops.py`` makes every operand vary alike, as
+    JAX's own primitives require) and its mesh; no sharding of its own axes."""
+    unsharded = x.sharding.update(spec=PartitionSpec(*[None] * len(shape)))
+    return x.update(shape=shape, weak_type=False, sharding=unsharded)
+
+
 def _eager_impl(primitive: Primitive):
     """Eager evaluation compiles the primitive (once per shape and config) and runs it."""
     jitted = jax.jit(lambda *args, config: primitive.bind(*args, config=config),
@@ -119,7 +128,7 @@ def _forward_abstract_eval(x, R, *rest, config: OpConfig):
     dims = check_shapes(x.shape, R.shape, opt["input_weight"], opt["bias"], opt["init_state"],
                         opt["mask"], config.descriptor.bidirectional,
                         seq_lengths=opt["seq_lengths"])
-    out = jax.core.ShapedArray(dims.state_shape, x.dtype)
+    out = _result_aval(x, dims.state_shape)
     return [out, out] if config.descriptor.training else [out]
 
 
@@ -217,7 +226,7 @@ def _gradient_avals(G, x, R, rest, config: OpConfig) -> list:
     shapes += [opt[n].shape for n in ("input_weight", "bias") if opt[n] is not None]
     if opt["init_state"] is not None:
         shapes.append(opt["init_state"].shape[1:])
-    return [jax.core.ShapedArray((G, *s), x.dtype) for s in shapes]
+    return [_result_aval(x, (G, *s)) for s in shapes]
 
 
 gradients_p.def_abstract_eval(_gradients_abstract_eval)

@@ -43,6 +43,7 @@ BATCH_AXIS: dict[str, Optional[int]] = {
     "bias": None,
     "init_state": 0,
     "mask": 1,
+    "seq_lengths": 0,
 }
 
 #: The inputs the gradient primitive returns gradients for, in its result order (after

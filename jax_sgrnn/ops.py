@@ -43,6 +43,26 @@ def _normalise(source, recurrent_weight, input_weight, bias, init_state, mask, s
     return config, x, R, (W, b, h0, m, lengths), [a for _, a in state_arrays]
 
 
+def _varying_axes(a) -> frozenset:
+    """The ``shard_map`` mesh axes ``a`` varies over (none outside a checked shard_map)."""
+    aval = jax.typeof(a)
+    manual = getattr(aval, "manual_axis_type", None)  # jax >= 0.10; `vma` before
+    return manual.varying if manual is not None else getattr(aval, "vma", frozenset())
+
+
+def _vary_alike(*arrays) -> list:
+    """Inside a ``shard_map`` with ``check_vma``, makes every operand vary over the union of
+    the mesh axes any of them varies over, as a primitive's operands must. Done before the
+    custom VJP, so the transpose of that cast sums an invariant input's gradient (the weights')
+    over the devices, exactly as for JAX's own ops."""
+    axes = frozenset().union(*(_varying_axes(a) for a in arrays if a is not None))
+    if not axes:
+        return list(arrays)
+    return [a if a is None or _varying_axes(a) == axes
+            else lax.pcast(a, tuple(sorted(axes - _varying_axes(a))), to="varying")
+            for a in arrays]
+
+
 def _bind_forward(config, training, x, R, *optionals):
     return forward_p.bind(x, R, *(a for a in optionals if a is not None),
                           config=config.with_training(training))
@@ -155,6 +175,7 @@ def single_gate_rnn(
                               training=training, activation=activation)
     config, x, R, optionals, _ = _normalise(source, recurrent_weight, input_weight, bias,
                                             init_state, mask, seq_lengths, desc)
+    x, R, *optionals = _vary_alike(x, R, *optionals)
     if desc.training:
         return _rnn_with_z(config, x, R, *optionals)
     return _rnn(config, x, R, *optionals)
@@ -198,4 +219,5 @@ def single_gate_rnn_gradients(
     config, x, R, optionals, (dy, z) = _normalise(
         source, recurrent_weight, input_weight, bias, init_state, mask, seq_lengths, desc,
         state_arrays=(("source_gradient", source_gradient), ("z_state", z_state)))
+    x, R, dy, z, *optionals = _vary_alike(x, R, dy, z, *optionals)
     return _bind_gradients(config, x, R, dy, z, *optionals)

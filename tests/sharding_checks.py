@@ -66,7 +66,7 @@ def problem(seed=0, *, bidirectional=False, mask_shape=None, dtype=np.float64) -
 def batch_spec(name: str, batch_axes) -> P:
     """The PartitionSpec that splits ``name``'s batch axis over ``batch_axes``."""
     return {"source": P(None, batch_axes), "init_state": P(batch_axes),
-            "mask": P(None, batch_axes)}.get(name, P())
+            "mask": P(None, batch_axes), "seq_lengths": P(batch_axes)}.get(name, P())
 
 
 def put(inputs: dict, mesh: Mesh, specs: dict) -> dict:
@@ -82,8 +82,10 @@ def loss(flags: dict):
 
 
 def split_diff(inputs: dict) -> tuple[dict, dict]:
-    diff = {k: v for k, v in inputs.items() if k != "mask"}
-    return diff, {k: v for k, v in inputs.items() if k == "mask"}
+    """(differentiable inputs, the rest: mask and lengths)."""
+    constant = ("mask", "seq_lengths")
+    return ({k: v for k, v in inputs.items() if k not in constant},
+            {k: v for k, v in inputs.items() if k in constant})
 
 
 def assert_same(actual, expected, what: str) -> None:
@@ -259,7 +261,7 @@ def user_shard_map(f, mesh: Mesh, in_specs, out_specs, check: bool):
 @check
 def inside_shard_map():
     """The op in a user's shard_map: each device's shard is a whole problem, so the plain
-    custom call runs there; the user sums the weight gradients."""
+    custom call runs there."""
     inputs = problem(15)
     flags = dict(activation="tanh")
     mesh = mesh_1d()
@@ -273,17 +275,35 @@ def inside_shard_map():
                 jax.jit(lambda a: jax_sgrnn.single_gate_rnn(**a, **flags))(inputs),
                 "shard_map forward")
 
+    expected = jax.jit(jax.grad(loss(flags)))(diff, rest)
+    sharded = put(diff, mesh, specs)
+
+    # check_vma on (the default): the weights enter the op unvarying, so JAX itself sums
+    # their gradients over the devices, as for its own ops.
+    checked = jax.jit(user_shard_map(lambda d: jax.grad(loss(flags))(d, rest), mesh,
+                                     (diff_specs,), diff_specs, check=True))
+    assert_same(checked(sharded), expected, "shard_map grad, check_vma on")
+
+    # check_vma off: nothing is typed as varying, so the user sums the weight gradients.
     def local_grads(diff):
         g = jax.grad(loss(flags))(diff, rest)
         return {k: v if k in ("source", "init_state") else jax.lax.psum(v, "batch")
                 for k, v in g.items()}
 
-    # check_vma=False: the primitives' abstract evaluation does not carry shard_map's varying
-    # manual axes yet, so with the check on, jax.grad's custom-VJP type check fails.
-    mapped = jax.jit(user_shard_map(local_grads, mesh, (diff_specs,), diff_specs, check=False))
-    expected = jax.jit(jax.grad(loss(flags)))(diff, rest)
-    assert_same(mapped(put(diff, mesh, specs)), expected, "shard_map grad")
-    return hlo_facts(mapped.lower(put(diff, mesh, specs)).compile().as_text())
+    unchecked = jax.jit(user_shard_map(local_grads, mesh, (diff_specs,), diff_specs,
+                                       check=False))
+    assert_same(unchecked(sharded), expected, "shard_map grad, check_vma off")
+    return dict(checked=hlo_facts(checked.lower(sharded).compile().as_text()),
+                unchecked=hlo_facts(unchecked.lower(sharded).compile().as_text()))
+
+
+@check
+def grad_with_seq_lengths_1d():
+    """Per-row lengths split with the batch."""
+    inputs = {**problem(17, bidirectional=True),
+              "seq_lengths": jnp.array([4, 0, 1, 3, 2, 4, 4, 1], jnp.int32)}
+    return compare_grad(inputs, mesh_1d(), batch_sharded(inputs, "batch"),
+                        dict(bidirectional=True, activation="tanh"))
 
 
 @check

@@ -45,14 +45,18 @@ def char_rnn_logs(tmp_path_factory) -> dict:
     return runs
 
 
-@pytest.fixture(scope="module")
-def digits_logs(tmp_path_factory) -> dict:
-    """The digits example's log and output directory for each implementation."""
+@pytest.fixture(scope="module", params=["fixed", "variable"],
+                ids=["fixed-length", "variable-length"])
+def digits_logs(request, tmp_path_factory) -> dict:
+    """The digits example's log and output directory for each implementation, on whole images
+    or (``--variable-length``) on images cut to 4-8 rows and padded, with seq_lengths."""
     example = load_example("classify_digits")
+    extra = ["--variable-length"] if request.param == "variable" else []
     runs = {}
     for impl in ("op", "reference"):
         out = tmp_path_factory.mktemp(f"digits_{impl}")
-        runs[impl] = (example.main([*DIGITS_FLAGS, "--impl", impl, "--out-dir", str(out)]), out)
+        runs[impl] = (example.main([*DIGITS_FLAGS, *extra, "--impl", impl, "--out-dir",
+                                    str(out)]), out)
     return runs
 
 

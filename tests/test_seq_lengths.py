@@ -264,3 +264,37 @@ def test_hlo_is_the_custom_call_and_mps_falls_back_to_the_decomposition(native_b
             lambda x: jnp.sum(ref(**{**inputs, "source": x}, seq_lengths=lengths) ** 2))(
                 inputs["source"]))
 
+
+
+@pytest.mark.parametrize("stacked", [False, True], ids=["layer", "stack"])
+@pytest.mark.parametrize("bi", [False, True], ids=["uni", "bi"])
+def test_flax_modules_read_each_padded_row_as_if_alone(rng, bi, stacked):
+    """nn modules (batch-first) with seq_lengths: outputs and final states of a padded batch
+    equal each row run alone, unpadded; padded outputs are zero; a row of length 0 keeps its
+    initial state."""
+    from flax import nnx
+
+    from jax_sgrnn.nn import SingleGateRNN, StackedSingleGateRNN
+
+    N, T, I, H = 4, 6, 3, 5
+    D = 2 if bi else 1
+    if stacked:
+        model = StackedSingleGateRNN(I, H, 2, bidirectional=bi, param_dtype=jnp.float64,
+                                     rngs=nnx.Rngs(0))
+        h0 = random_array(rng, (2, N, D * H), jnp.float64)
+        row_state = lambda n: h0[:, n:n + 1]
+    else:
+        model = SingleGateRNN(I, H, bidirectional=bi, param_dtype=jnp.float64, rngs=nnx.Rngs(0))
+        h0 = random_array(rng, (N, D * H), jnp.float64)
+        row_state = lambda n: h0[n:n + 1]
+    x = random_array(rng, (N, T, I), jnp.float64)
+    lengths = np.array([6, 2, 0, 4], np.int32)
+    y, h_n = model(x, h0, seq_lengths=lengths, return_state=True)
+    for n, length in enumerate(lengths):
+        assert not np.asarray(y[n, length:]).any()
+        if length == 0:
+            assert_close(h_n[..., n, :], h0[..., n, :])
+            continue
+        y_row, h_row = model(x[n:n + 1, :length], row_state(n), return_state=True)
+        assert_close(y[n:n + 1, :length], y_row, err_msg=f"row {n}")
+        assert_close(h_n[..., n:n + 1, :], h_row, err_msg=f"row {n} final state")

@@ -83,6 +83,7 @@ def test_training_forward_returns_y_and_z_split(reports):
     ("grad_reverse_batch_broadcast_mask_1d", UNI),
     ("grad_2x2_batch_over_both_axes", UNI),
     ("grad_2x2_batch_over_one_axis", BI),
+    ("grad_with_seq_lengths_1d", BI),
     ("grad_1d_gspmd", UNI),
 ])
 def test_grad_with_the_batch_split(reports, check, weight_gradients):
@@ -112,9 +113,11 @@ def test_unsupported_shardings_are_resharded_and_correct(reports, check):
     assert facts["all_gather"] > 0  # the time split is undone before the custom calls
 
 
-def test_inside_a_user_shard_map(reports):
-    facts = report(reports, "inside_shard_map")
+@pytest.mark.parametrize("vma", ["checked", "unchecked"])
+def test_inside_a_user_shard_map(reports, vma):
+    """With check_vma JAX sums the unvarying weights' gradients; without, the user does: one
+    all-reduce of the public op's gradients (no group axis) either way."""
+    facts = report(reports, "inside_shard_map")[vma]
     assert_partitioned(facts, 1, 1)
-    # The user's own psum of the weight gradients (no group axis: the public op's gradients).
     assert_one_weight_gradient_all_reduce(
         facts, ["f64[4,4]{1,0}", "f64[4,3]{1,0}", "f64[4]{0}"])
