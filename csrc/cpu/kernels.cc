@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "cpu/blas.h"
@@ -30,6 +31,117 @@ void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double al
                     trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, beta,
                     c, ldc);
 }
+
+// --------------------------------------------------------------------------------------------
+// The per-step product of the recurrence: a few rows (a band of the batch) times one
+// direction's R, every step. A general GEMM re-packs R into its panel layout on every call, and
+// OpenBLAS's AVX2 (Haswell) kernels have no unpacked small-matrix path, so with a handful of
+// rows that repacking is a large share of the step. Here R is packed once per call into
+// panels of kPanel columns (k-major), and a register-blocked kernel keeps a
+// kRowBlock x kPanel tile of the product in vector registers while it walks k. Its epilogue
+// (the activation in the forward pass) runs on the tile while it is in cache. Vector width
+// and tile follow the instruction set this file is compiled for (kernels.h).
+
+#if defined(__AVX512F__)
+constexpr int kLanes = 16, kRowBlock = 8;  // 16 of the 32 zmm registers accumulate
+#elif defined(__AVX2__)
+constexpr int kLanes = 8, kRowBlock = 6;  // 12 of the 16 ymm registers accumulate
+#else
+constexpr int kLanes = 4, kRowBlock = 4;  // SSE2: 8 of the 16 xmm registers accumulate
+#endif
+constexpr int kPanel = 2 * kLanes;
+typedef float Lanes __attribute__((vector_size(kLanes * sizeof(float))));
+
+// Bands of at most this many rows use the packed kernel; larger ones are large enough for
+// OpenBLAS to amortise its packing (measured: benchmarks/bench_cpu.py, docs/performance.md).
+constexpr int64_t kPackedMaxRows = 32;
+
+// Rows [0, kRows) of A (row stride lda) times one packed panel: out[r][c] = sum_k A[r,k] B[k,c].
+template <int kRows>
+void PanelTile(const float* a, int64_t lda, const float* panel, int64_t K,
+               float (&out)[kRows][kPanel]) {
+  Lanes acc[kRows][2] = {};
+  for (int64_t k = 0; k < K; ++k) {
+    Lanes b0, b1;
+    __builtin_memcpy(&b0, panel + k * kPanel, sizeof b0);
+    __builtin_memcpy(&b1, panel + k * kPanel + kLanes, sizeof b1);
+    for (int r = 0; r < kRows; ++r) {
+      const float s = a[r * lda + k];
+      acc[r][0] += s * b0;
+      acc[r][1] += s * b1;
+    }
+  }
+  __builtin_memcpy(out, acc, sizeof out);
+}
+
+// Calls f.template operator()<kRows>() with 1 <= rows <= kRowBlock as a compile-time constant.
+template <int kRows = kRowBlock, typename F>
+void DispatchRows(int64_t rows, F&& f) {
+  if constexpr (kRows > 1) {
+    if (rows < kRows) return DispatchRows<kRows - 1>(rows, f);
+  }
+  f.template operator()<kRows>();
+}
+
+// C = A B for one step, with B = R^T (the forward's h R^T) or R (the backward's dz R), one
+// direction's [H, H] matrix, into scratch ([m, H]); each finished row then goes to
+// epilogue(n, row), so the caller fuses what comes next while the row is in cache. float
+// bands of at most kPackedMaxRows rows use the packed kernel; the rest (double, large bands)
+// one OpenBLAS call.
+template <typename T>
+class StepProduct {
+ public:
+  StepProduct(const T* R, int64_t H, bool transpose, int64_t max_rows)
+      : R_(R), H_(H), transpose_(transpose),
+        packed_(std::is_same_v<T, float> && max_rows <= kPackedMaxRows) {
+    if (!packed_) return;
+    const int64_t panels = (H + kPanel - 1) / kPanel;
+    panels_.assign(panels * H * kPanel, 0.0f);
+    for (int64_t p = 0; p < panels; ++p) {
+      for (int64_t k = 0; k < H; ++k) {
+        for (int64_t c = 0; c < kPanel && p * kPanel + c < H; ++c) {
+          const int64_t col = p * kPanel + c;
+          panels_[(p * H + k) * kPanel + c] = static_cast<float>(
+              transpose ? R[col * H + k] : R[k * H + col]);
+        }
+      }
+    }
+  }
+
+  template <typename Epilogue>
+  void operator()(int64_t m, const T* a, int64_t lda, T* scratch, Epilogue&& epilogue) const {
+    if constexpr (std::is_same_v<T, float>) {
+      if (packed_) return Packed(m, a, lda, scratch, epilogue);
+    }
+    Gemm(false, transpose_, m, H_, H_, T(1), a, lda, R_, H_, T(0), scratch, H_);
+    for (int64_t n = 0; n < m; ++n) epilogue(n, scratch + n * H_);
+  }
+
+ private:
+  template <typename Epilogue>
+  void Packed(int64_t m, const float* a, int64_t lda, float* out, Epilogue& epilogue) const {
+    // Blocks of equal size (8 rows on AVX2: 4 + 4, not 6 + 2, whose 2-row tile is load-bound).
+    const int64_t blocks = (m + kRowBlock - 1) / kRowBlock;
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t r0 = m * b / blocks;
+      DispatchRows(m * (b + 1) / blocks - r0, [&]<int kRows>() {
+        for (int64_t c0 = 0; c0 < H_; c0 += kPanel) {
+          float tile[kRows][kPanel];
+          PanelTile<kRows>(a + r0 * lda, lda, panels_.data() + c0 * H_, H_, tile);
+          const int64_t width = std::min<int64_t>(kPanel, H_ - c0);
+          for (int r = 0; r < kRows; ++r) std::copy_n(tile[r], width, out + (r0 + r) * H_ + c0);
+        }
+        for (int r = 0; r < kRows; ++r) epilogue(r0 + r, out + (r0 + r) * H_);
+      });
+    }
+  }
+
+  const T* R_;
+  int64_t H_;
+  bool transpose_;
+  bool packed_;
+  std::vector<float> panels_;  // panel p: H rows (k) of kPanel columns, zero past H
+};
 
 // Below this many multiply-adds, splitting work across threads costs more than it saves
 // (a wake-up is a few microseconds; this is ~10 us of single-core work).
@@ -172,37 +284,48 @@ void Forward(const Executor& ex, const Config& c, const Dims& d, const ForwardAr
   }
 
   const Bands bands(ex, d);
-  // Per piece: the masked previous state, the expanded mask, and the zero state standing in
-  // for a missing h0 (its product is still taken, so 0 * inf in R gives NaN as the reference
-  // does). Allocated here: the pieces may run on pool threads, which must not throw.
-  const int64_t block = bands.max_rows() * H, scratch = 3 * block;
+  std::vector<StepProduct<T>> products;  // h R^T, per direction
+  for (int64_t dir = 0; dir < d.D; ++dir) {
+    products.emplace_back(a.R + dir * H * H, H, /*transpose=*/true, bands.max_rows());
+  }
+  // Per piece: the masked previous state, the expanded mask, the zero state standing in for a
+  // missing h0 (its product is still taken, so 0 * inf in R gives NaN as the reference does),
+  // and the step's product. Allocated here: the pieces may run on pool threads, which must
+  // not throw.
+  const int64_t block = bands.max_rows() * H;
+  const int64_t scratch = 4 * block;
   std::vector<T> scratch_all(bands.count() * scratch);
   bands.ForEach(ex, [&](const Band& band) {
     const DirectionLayout run = RunLayout(c, band.dir, a.seq_lengths);
     const int64_t col = band.dir * H, n_rows = band.n1 - band.n0, row0 = band.n0 * DH + col;
-    const T* R = a.R + band.dir * H * H;
     T* masked = scratch_all.data() + band.item * scratch;
     T* mask_block = masked + block;
     const T* zero_state = masked + 2 * block;
+    T* product = masked + 3 * block;
     const int64_t steps = band.Steps(a.seq_lengths, d.T);
-    for (int64_t k = 0; k < steps; ++k) {
-      const int64_t slot = run.Slot(k, d.T);
-      T* z_k = zs + slot * N * DH + row0;
-      T* y_k = a.y + slot * N * DH + row0;
-      const T* h_prev = k > 0 ? a.y + run.Slot(k - 1, d.T) * N * DH + row0
-                              : (a.h0 ? a.h0 + row0 : zero_state);
-      int64_t ld = h_prev == zero_state ? H : DH;
-      if (a.mask.data) {
-        MaskRows(a.mask, k, col, band.n0, band.n1, H, h_prev, ld, mask_block, masked);
-        h_prev = masked, ld = H;
-      }
-      Gemm(false, true, n_rows, H, H, T(1), h_prev, ld, R, H, T(1), z_k, DH);
-      DispatchActivation(c.activation, [&]<Activation A>() {
-        for (int64_t n = 0; n < n_rows; ++n) {
-          for (int64_t j = 0; j < H; ++j) y_k[n * DH + j] = Activate<A>(z_k[n * DH + j]);
+    DispatchActivation(c.activation, [&]<Activation A>() {
+      for (int64_t k = 0; k < steps; ++k) {
+        const int64_t slot = run.Slot(k, d.T);
+        T* z_k = zs + slot * N * DH + row0;
+        T* y_k = a.y + slot * N * DH + row0;
+        const T* h_prev = k > 0 ? a.y + run.Slot(k - 1, d.T) * N * DH + row0
+                                : (a.h0 ? a.h0 + row0 : zero_state);
+        int64_t ld = h_prev == zero_state ? H : DH;
+        if (a.mask.data) {
+          MaskRows(a.mask, k, col, band.n0, band.n1, H, h_prev, ld, mask_block, masked);
+          h_prev = masked, ld = H;
         }
-      });
-    }
+        // z[k] = x'[k] + h[k-1] R^T, then y[k] = act(z[k]), a tile at a time.
+        products[band.dir](n_rows, h_prev, ld, product, [&](int64_t n, const T* v) {
+          T* z = z_k + n * DH;
+          T* y = y_k + n * DH;
+          for (int64_t j = 0; j < H; ++j) {
+            z[j] += v[j];
+            y[j] = Activate<A>(z[j]);
+          }
+        });
+      }
+    });
     if (a.seq_lengths) {  // padding to zeros, then the flipped half's rows into source time
       for (T* out : {a.y, c.training ? a.z : nullptr}) {
         if (out == nullptr) continue;
@@ -234,6 +357,10 @@ void Gradients(const Executor& ex, const Config& c, const Dims& d, const Gradien
   std::vector<T> hm(d.D * hm_size);
 
   const Bands bands(ex, d);
+  std::vector<StepProduct<T>> products;  // dz R, per direction
+  for (int64_t dir = 0; dir < d.D; ++dir) {
+    products.emplace_back(a.R + dir * H * H, H, /*transpose=*/false, bands.max_rows());
+  }
   // Per piece: the carried (dz[k+1] R) * m[k+1] and the expanded mask.
   const int64_t scratch = 2 * bands.max_rows() * H;
   std::vector<T> scratch_all(bands.count() * scratch);
@@ -241,7 +368,6 @@ void Gradients(const Executor& ex, const Config& c, const Dims& d, const Gradien
     const DirectionLayout layout = LayoutOf(c, band.dir), run = RunLayout(c, band.dir,
                                                                          a.seq_lengths);
     const int64_t col = band.dir * H, n_rows = band.n1 - band.n0, row0 = band.n0 * DH + col;
-    const T* R = a.R + band.dir * H * H;
     T* hm_dir = hm.data() + band.dir * hm_size + band.n0 * H;
     T* carry = scratch_all.data() + band.item * scratch;
     T* mask_block = carry + scratch / 2;
@@ -284,7 +410,7 @@ void Gradients(const Executor& ex, const Config& c, const Dims& d, const Gradien
         MaskRows(a.mask, k + 1, col, band.n0, band.n1, H, hm_next, H, mask_block, hm_next);
       }
       if (k == 0 && !a.dh0) break;
-      Gemm(false, false, n_rows, H, H, T(1), dz_k, DH, R, H, T(0), carry, H);
+      products[band.dir](n_rows, dz_k, DH, carry, [](int64_t, const T*) {});  // carry = dz[k] R
       if (a.mask.data) MaskRows(a.mask, k, col, band.n0, band.n1, H, carry, H, mask_block, carry);
       for (int64_t n = 0; a.seq_lengths && n < n_rows; ++n) {  // a finished row feeds nothing
         if (k >= RowLength(a.seq_lengths, band.n0 + n, d.T)) std::fill_n(carry + n * H, H, T(0));
