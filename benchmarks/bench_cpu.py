@@ -2,9 +2,10 @@
 
 All three run in this one process on the same shapes: tanh, with input weight, bias and
 initial state, float32. Forward, and forward+backward (gradients for every input). Reports
-the median of --repeats timed runs after warm-up (and the op's min and max, its spread), the
-op's GFLOP/s and its fraction of this machine's large-GEMM rate (measured first), and the op's
-speedup ratios. The header names the CPU and the kernels' instruction-set build;
+the median of --repeats timed runs after warm-up (and the op's and the scan's min-max, their
+spread), the op's GFLOP/s and its fraction of this machine's large-GEMM rate (measured first),
+and the op's speedup ratios; then, per shape, where the op's forward+backward time goes (the
+kernels' phase counters). The header names the CPU and the kernels' instruction-set build;
 --json writes the machine, the GEMM rate and the rows, so runs on different machines compare.
 Column "xlaproj" times the alternative design (XLA does the input projection and its
 gradients around a recurrence-only custom call), which docs/design.md weighs.
@@ -126,6 +127,44 @@ def torch_timers(x, R, W, b, h0, c):
     return fwd, fwd_bwd, (torch.__version__, torch.get_num_threads())
 
 
+PHASES = ("projection", "recurrence", "backward_recurrence", "weight_gradients",
+          "input_gradient")
+
+
+def phase_ms(fwd_bwd, repeats: int) -> dict:
+    """Milliseconds per forward+backward call in each kernel phase (the extension's phase
+    counters, averaged over `repeats` calls), and "other": the call's mean time less the
+    phases (XLA's own work around the custom calls, dispatch)."""
+    from jax_sgrnn import _sgrnn_cpu
+
+    fwd_bwd()
+    _sgrnn_cpu.set_phase_timing(True)
+    _sgrnn_cpu.take_phase_times()  # reset
+    try:
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fwd_bwd()
+            times.append(time.perf_counter() - start)
+        seconds = _sgrnn_cpu.take_phase_times()
+    finally:
+        _sgrnn_cpu.set_phase_timing(False)
+    out = {k: 1e3 * seconds[k] / repeats for k in PHASES}
+    out["total"] = 1e3 * statistics.mean(times)  # the phases are means too
+    out["other"] = out["total"] - sum(out[k] for k in PHASES)
+    return out
+
+
+def print_phases(phases: dict) -> None:
+    print("\nwhere the op's forward+backward goes, ms per call (kernel phase counters):")
+    names = ("projection", "recurrence", "backward_recurrence", "weight_gradients",
+             "input_gradient", "other", "total")
+    heads = ("proj", "recur", "back recur", "weight grads", "input grad", "other", "total")
+    print(f"{'T,N,I,H':>16} " + " ".join(f"{h:>12}" for h in heads))
+    for spec, ms in phases.items():
+        print(f"{spec:>16} " + " ".join(f"{ms[k]:12.2f}" for k in names))
+
+
 def main(argv=None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", nargs="+", default=DEFAULT_SHAPES, help="T,N,I,H ...")
@@ -151,12 +190,12 @@ def main(argv=None) -> list[dict]:
                    jax=jax.__version__, date=time.strftime("%Y-%m-%d"), gemm_gflops=gemm)
     print(f"{machine['date']}; {machine['cpu']}, {machine['cores']} cores; kernels "
           f"{machine['isa']}; jax {jax.__version__}; float32; large GEMM {gemm:.0f} GFLOP/s")
-    print(f"median of >= {args.repeats} runs (>= 0.5 s) after warm-up; 'op spread' is the op's "
-          "min-max; '% gemm' is the op's GFLOP/s over the large-GEMM rate")
-    rows = []
-    header = (f"{'T,N,I,H':>16} {'pass':>8} {'op ms':>9} {'op spread':>15} {'scan ms':>9} "
-              f"{'torch ms':>9} {'xlaproj':>9} {'op GF/s':>8} {'% gemm':>7} {'vs scan':>8} "
-              f"{'vs torch':>8}")
+    print(f"median of >= {args.repeats} runs (>= 0.5 s) after warm-up; 'spread' is min-max; "
+          "'% gemm' is the op's GFLOP/s over the large-GEMM rate")
+    rows, phases = [], {}
+    header = (f"{'T,N,I,H':>16} {'pass':>8} {'op ms':>8} {'op spread':>13} {'scan ms':>8} "
+              f"{'scan spread':>13} {'torch ms':>8} {'xlaproj':>8} {'op GF/s':>8} {'% gemm':>7} "
+              f"{'vs scan':>8} {'vs torch':>8}")
     print(header)
     for spec in args.shapes:
         T, N, I, H = map(int, spec.split(","))
@@ -175,24 +214,28 @@ def main(argv=None) -> list[dict]:
             stats = {k: time_stats(v[i], args.repeats) for k, v in timers.items()}
             t = {k: st["median"] for k, st in stats.items()}
             row = dict(shape=[T, N, I, H], pass_=name, **{f"{k}_ms": 1e3 * s for k, s in t.items()},
-                       op_min_ms=1e3 * stats["op"]["min"], op_max_ms=1e3 * stats["op"]["max"],
+                       **{f"{k}_{m}_ms": 1e3 * st[m] for k, st in stats.items()
+                          for m in ("min", "max")},
                        op_gflops=flops / t["op"] / 1e9, speedup_vs_scan=t["scan"] / t["op"])
             row["op_fraction_of_gemm"] = row["op_gflops"] / gemm
             if "torch" in t:
                 row["speedup_vs_torch"] = t["torch"] / t["op"]
             rows.append(row)
-            torch_ms = f"{row['torch_ms']:9.2f}" if "torch" in t else f"{'-':>9}"
+            torch_ms = f"{row['torch_ms']:8.2f}" if "torch" in t else f"{'-':>8}"
             vs_torch = f"{row['speedup_vs_torch']:7.2f}x" if "torch" in t else f"{'-':>8}"
-            spread = f"{row['op_min_ms']:.2f}-{row['op_max_ms']:.2f}"
-            print(f"{spec:>16} {name:>8} {row['op_ms']:9.2f} {spread:>15} {row['scan_ms']:9.2f} "
-                  f"{torch_ms} {row['xla_proj_ms']:9.2f} {row['op_gflops']:8.1f} "
+            spread = lambda k: f"{row[f'{k}_min_ms']:.2f}-{row[f'{k}_max_ms']:.2f}"
+            print(f"{spec:>16} {name:>8} {row['op_ms']:8.2f} {spread('op'):>13} "
+                  f"{row['scan_ms']:8.2f} {spread('scan'):>13} {torch_ms} "
+                  f"{row['xla_proj_ms']:8.2f} {row['op_gflops']:8.1f} "
                   f"{100 * row['op_fraction_of_gemm']:6.0f}% {row['speedup_vs_scan']:7.2f}x "
                   f"{vs_torch}", flush=True)
+        phases[spec] = phase_ms(timers["op"][1], args.repeats)
     if torch_info:
         print(f"torch {torch_info[0]}, {torch_info[1]} threads")
+    print_phases(phases)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(machine=machine, rows=rows), f, indent=1)
+            json.dump(dict(machine=machine, rows=rows, phases_ms=phases), f, indent=1)
     return rows
 
 

@@ -14,3 +14,10 @@ def missing_backend_handlers() -> dict[str, tuple[Any, Any]]:
 
 def selected_isa() -> str:
     """The instruction-set build of the CPU kernels in use (SGRNN_CPU_ISA overrides)."""
+
+def set_phase_timing(on: bool) -> None:
+    """Turns the kernels' per-phase wall-time counters on or off (off by default)."""
+
+def take_phase_times() -> dict[str, float]:
+    """Seconds per kernel phase (projection, recurrence, backward_recurrence,
+    weight_gradients, input_gradient) since the last call, which resets them."""

@@ -1,4 +1,5 @@
 // Picks, once, the instruction-set build of kernels.cc that this CPU runs best.
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -45,6 +46,22 @@ Isa BestIsa() {
 }  // namespace
 
 const char* SelectedIsa() { return IsaName(BestIsa()); }
+
+namespace {
+std::atomic<bool> phase_timing{false};
+std::atomic<int64_t> phase_nanoseconds[kPhaseCount];
+}  // namespace
+
+void SetPhaseTiming(bool on) { phase_timing.store(on, std::memory_order_relaxed); }
+bool PhaseTimingOn() { return phase_timing.load(std::memory_order_relaxed); }
+void AddPhaseTime(Phase phase, int64_t nanoseconds) {
+  phase_nanoseconds[static_cast<int>(phase)].fetch_add(nanoseconds, std::memory_order_relaxed);
+}
+void TakePhaseTimes(double (&seconds)[kPhaseCount]) {
+  for (int i = 0; i < kPhaseCount; ++i) {
+    seconds[i] = 1e-9 * static_cast<double>(phase_nanoseconds[i].exchange(0));
+  }
+}
 
 template <typename T>
 void Forward(const Executor& ex, const Config& c, const Dims& d, const ForwardArgs<T>& a) {

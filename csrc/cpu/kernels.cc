@@ -1,6 +1,7 @@
 #include "cpu/kernels.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <type_traits>
 #include <vector>
@@ -143,6 +144,33 @@ class StepProduct {
   std::vector<float> panels_;  // panel p: H rows (k) of kPanel columns, zero past H
 };
 
+// Adds wall time to the current phase, when timing is on: from construction (or the last
+// Switch) to the next Switch or the end of the scope.
+class PhaseTimer {
+ public:
+  explicit PhaseTimer(Phase phase) : phase_(phase), on_(PhaseTimingOn()), start_(Now()) {}
+  ~PhaseTimer() { Switch(phase_); }
+
+  void Switch(Phase next) {
+    if (on_) {
+      const auto now = Now();
+      AddPhaseTime(phase_,
+                   std::chrono::duration_cast<std::chrono::nanoseconds>(now - start_).count());
+      start_ = now;
+    }
+    phase_ = next;
+  }
+
+ private:
+  std::chrono::steady_clock::time_point Now() const {
+    return on_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+  }
+
+  Phase phase_;
+  bool on_;
+  std::chrono::steady_clock::time_point start_;
+};
+
 // Below this many multiply-adds, splitting work across threads costs more than it saves
 // (a wake-up is a few microseconds; this is ~10 us of single-core work).
 constexpr int64_t kMinParallelMacs = int64_t{1} << 20;
@@ -266,6 +294,7 @@ void Forward(const Executor& ex, const Config& c, const Dims& d, const ForwardAr
   // Without training, z is built in y and activated in place.
   T* zs = c.training ? a.z : a.y;
 
+  PhaseTimer timer(Phase::kProjection);
   // The input projection of every step and both directions is one large product.
   if (c.has_input_weight) {
     ParallelGemm(ex, false, true, rows, DH, d.I, a.x, d.I, a.W, d.I, T(0), zs, DH);
@@ -295,6 +324,7 @@ void Forward(const Executor& ex, const Config& c, const Dims& d, const ForwardAr
   const int64_t block = bands.max_rows() * H;
   const int64_t scratch = 4 * block;
   std::vector<T> scratch_all(bands.count() * scratch);
+  timer.Switch(Phase::kRecurrence);
   bands.ForEach(ex, [&](const Band& band) {
     const DirectionLayout run = RunLayout(c, band.dir, a.seq_lengths);
     const int64_t col = band.dir * H, n_rows = band.n1 - band.n0, row0 = band.n0 * DH + col;
@@ -348,6 +378,7 @@ void Gradients(const Executor& ex, const Config& c, const Dims& d, const Gradien
     if (a.dh0) std::fill(a.dh0, a.dh0 + N * DH, T(0));
     return;
   }
+  PhaseTimer timer(Phase::kBackRecurrence);
   // dz = dL/dz, [T, N, D*H]. Without W it is exactly dx, so it is built there.
   std::vector<T> dz_storage(a.W ? rows * DH : 0);
   T* dz = a.W ? dz_storage.data() : a.dx;
@@ -425,15 +456,20 @@ void Gradients(const Executor& ex, const Config& c, const Dims& d, const Gradien
     }
   });
 
+  timer.Switch(Phase::kWeightGradients);
   for (int64_t dir = 0; dir < d.D; ++dir) {
     ParallelGemm(ex, true, false, H, H, rows, dz + dir * H, DH, hm.data() + dir * hm_size, H,
                  T(0), a.dR + dir * H * H, H);
+  }
+  timer.Switch(Phase::kInputGradient);
+  for (int64_t dir = 0; dir < d.D; ++dir) {
     if (RunLayout(c, dir, a.seq_lengths).source_order_differs()) {  // to source time
       FlipTime(dz + dir * H, d, DH, a.seq_lengths, 0, N);
     }
   }
 
   // dz is now dx' in source time order for both directions: the rest are large products.
+  timer.Switch(Phase::kWeightGradients);
   if (a.db) {
     std::vector<double> sums(DH, 0.0);  // long column sums: accumulate in double
     for (int64_t r = 0; r < rows; ++r) {
@@ -443,6 +479,7 @@ void Gradients(const Executor& ex, const Config& c, const Dims& d, const Gradien
   }
   if (a.W) {
     ParallelGemm(ex, true, false, DH, d.I, rows, dz, DH, a.x, d.I, T(0), a.dW, d.I);
+    timer.Switch(Phase::kInputGradient);
     ParallelGemm(ex, false, false, rows, d.I, DH, dz, DH, a.W, d.I, T(0), a.dx, d.I);
   }
 }

@@ -62,6 +62,23 @@ struct GradientArgs {
 template <typename T>
 void Gradients(const Executor& ex, const Config& c, const Dims& d, const GradientArgs<T>& a);
 
+// Where the kernels' time goes, for benchmarks/bench_cpu.py: wall time per phase, summed over
+// calls and threads' pieces (a phase that runs on two threads at once counts once: it is
+// timed on the calling thread). Off by default; when off, a phase costs one relaxed load.
+enum class Phase : int {
+  kProjection,         // forward: x W^T + b, and the flips into step order
+  kRecurrence,         // forward: the T steps
+  kBackRecurrence,     // backward: the T steps
+  kWeightGradients,    // backward: dR, dW, db
+  kInputGradient,      // backward: dx = dz W, and the flips into source time
+};
+inline constexpr int kPhaseCount = 5;
+void SetPhaseTiming(bool on);
+bool PhaseTimingOn();
+void AddPhaseTime(Phase phase, int64_t nanoseconds);
+// Seconds per phase since the last call (which resets them), in Phase order.
+void TakePhaseTimes(double (&seconds)[kPhaseCount]);
+
 // The instruction-set build the two functions above run: "baseline", "x86-64-v3" or
 // "x86-64-v4" (the best the CPU supports, or SGRNN_CPU_ISA's choice).
 const char* SelectedIsa();

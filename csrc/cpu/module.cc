@@ -93,4 +93,18 @@ PYBIND11_MODULE(_sgrnn_cpu, m) {
       "that backend is not available; registered for backends whose module did not load.");
   m.def("selected_isa", &sgrnn::cpu::SelectedIsa,
         "The instruction-set build of the CPU kernels in use (SGRNN_CPU_ISA overrides).");
+  m.def("set_phase_timing", &sgrnn::cpu::SetPhaseTiming, py::arg("on"),
+        "Turns the kernels' per-phase wall-time counters on or off (off by default).");
+  m.def(
+      "take_phase_times",
+      []() {
+        double seconds[sgrnn::cpu::kPhaseCount];
+        sgrnn::cpu::TakePhaseTimes(seconds);
+        py::dict out;
+        const char* names[] = {"projection", "recurrence", "backward_recurrence",
+                               "weight_gradients", "input_gradient"};
+        for (int i = 0; i < sgrnn::cpu::kPhaseCount; ++i) out[names[i]] = seconds[i];
+        return out;
+      },
+      "Seconds per kernel phase since the last call, which resets them.");
 }
