@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <type_traits>
 #include <vector>
 
@@ -380,12 +381,15 @@ void Gradients(const Executor& ex, const Config& c, const Dims& d, const Gradien
   }
   PhaseTimer timer(Phase::kBackRecurrence);
   // dz = dL/dz, [T, N, D*H]. Without W it is exactly dx, so it is built there.
-  std::vector<T> dz_storage(a.W ? rows * DH : 0);
-  T* dz = a.W ? dz_storage.data() : a.dx;
+  // Both buffers below are written in full before they are read, so they are not zeroed (for
+  // small problems zeroing them cost as much as a phase).
+  std::unique_ptr<T[]> dz_storage(new T[a.W ? rows * DH : 0]);
+  T* dz = a.W ? dz_storage.get() : a.dx;
   // Per direction, hm[slot(k)] = h[k-1] * m[k], the recurrent input of step k, for dR in one
   // product; one spare slot at the end takes the last step's h, keeping the loop branch-free.
   const int64_t hm_size = (d.T + 1) * N * H;
-  std::vector<T> hm(d.D * hm_size);
+  // With lengths, ZeroPadding writes the slots no step reaches.
+  std::unique_ptr<T[]> hm(new T[d.D * hm_size]);
 
   const Bands bands(ex, d);
   std::vector<StepProduct<T>> products;  // dz R, per direction
@@ -399,7 +403,7 @@ void Gradients(const Executor& ex, const Config& c, const Dims& d, const Gradien
     const DirectionLayout layout = LayoutOf(c, band.dir), run = RunLayout(c, band.dir,
                                                                          a.seq_lengths);
     const int64_t col = band.dir * H, n_rows = band.n1 - band.n0, row0 = band.n0 * DH + col;
-    T* hm_dir = hm.data() + band.dir * hm_size + band.n0 * H;
+    T* hm_dir = hm.get() + band.dir * hm_size + band.n0 * H;
     T* carry = scratch_all.data() + band.item * scratch;
     T* mask_block = carry + scratch / 2;
 
@@ -452,13 +456,13 @@ void Gradients(const Executor& ex, const Config& c, const Dims& d, const Gradien
     }
     if (a.seq_lengths) {  // no gradient and no dR term from a row's padded steps
       ZeroPadding(dz + col, d, DH, a.seq_lengths, band.n0, band.n1);
-      ZeroPadding(hm.data() + band.dir * hm_size, d, H, a.seq_lengths, band.n0, band.n1);
+      ZeroPadding(hm.get() + band.dir * hm_size, d, H, a.seq_lengths, band.n0, band.n1);
     }
   });
 
   timer.Switch(Phase::kWeightGradients);
   for (int64_t dir = 0; dir < d.D; ++dir) {
-    ParallelGemm(ex, true, false, H, H, rows, dz + dir * H, DH, hm.data() + dir * hm_size, H,
+    ParallelGemm(ex, true, false, H, H, rows, dz + dir * H, DH, hm.get() + dir * hm_size, H,
                  T(0), a.dR + dir * H * H, H);
   }
   timer.Switch(Phase::kInputGradient);
