@@ -96,15 +96,16 @@ def _halves(a, dims: Dims):
 
 def _in_compute_dtype(source, recurrent_weight, input_weight, bias, init_state, mask,
                       seq_lengths, descriptor, state_shapes=()):
-    """Validates; returns (input dtype, sizes, a cast to the compute dtype, then R, h0 and the
-    mask cast and with the defaults of missing inputs filled in, and the lengths as int32)."""
+    """Validates; returns (input dtype, sizes, a cast to the compute dtype, then R and h0 cast
+    (h0 zeros when missing), the mask cast and broadcast to ``[T, N, D*H]`` (None when
+    missing: the scans then skip it), and the lengths as int32)."""
     dtype, dims = validate(source, recurrent_weight, input_weight, bias, init_state, mask,
                            descriptor.bidirectional, state_shapes, seq_lengths)
     cdt = compute_dtype(dtype)
     cast = lambda a: None if a is None else jnp.asarray(a).astype(cdt)
     R = cast(recurrent_weight).reshape(dims.D, dims.H, dims.H)
     h0 = (jnp.zeros((dims.N, dims.D * dims.H), cdt) if init_state is None else cast(init_state))
-    m = (jnp.ones(dims.state_shape, cdt) if mask is None
+    m = (None if mask is None
          else jnp.broadcast_to(cast(lax.stop_gradient(mask)), dims.state_shape))
     lengths = None if seq_lengths is None else seq_lengths_operand(seq_lengths, dims.T)
     return dtype, dims, cast, R, h0, m, lengths
@@ -129,29 +130,36 @@ def reference(source, recurrent_weight, input_weight=None, bias=None, init_state
     if bias is not None:
         xp = xp + cast(bias)[None, None]  # same rank: works under jax_numpy_rank_promotion=raise
 
-    zs = []
-    for d, (xp_d, h0_d, m_d) in enumerate(zip(_halves(xp, dims), _halves(h0, dims),
-                                              _halves(m, dims))):
+    # The scans' step bodies stay lean (this is what GPUs and TPUs run): the mask and the
+    # lengths enter only when given, and each step emits one sequence: y, or z when training
+    # (y then follows from z in one elementwise pass, as the backward needs z anyway).
+    outs = []
+    for d, (xp_d, h0_d) in enumerate(zip(_halves(xp, dims), _halves(h0, dims))):
         read_reversed, store_flipped = direction_layout(desc, d)
 
         def step(h, inputs, R_d=R[d]):
-            x_k, m_k, *valid_k = inputs
-            z_k = x_k + _matmul_t(h * m_k, R_d)
+            z_k = inputs["x"] + _matmul_t(h if m is None else h * inputs["m"], R_d)
             h_k = activate(desc.activation, z_k)
-            if valid_k:  # a finished row keeps its state and gives zeros
-                return jnp.where(valid_k[0], h_k, h), jnp.where(valid_k[0], z_k, 0)
-            return h_k, z_k
+            out_k = z_k if desc.training else h_k
+            if valid is not None:  # a finished row keeps its state and gives zeros
+                out_k = jnp.where(inputs["valid"], out_k, 0)
+                h_k = jnp.where(inputs["valid"], h_k, h)
+            return h_k, out_k
 
-        inputs = (flip_rows(xp_d, lengths) if read_reversed else xp_d, m_d)
-        _, z_d = lax.scan(step, h0_d, inputs if valid is None else (*inputs, valid))
-        zs.append(flip_rows(z_d, lengths) if store_flipped else z_d)
-    z = jnp.concatenate(zs, axis=-1)
-    y = activate(desc.activation, z)
+        inputs = {"x": flip_rows(xp_d, lengths) if read_reversed else xp_d}
+        if m is not None:
+            inputs["m"] = _halves(m, dims)[d]
+        if valid is not None:
+            inputs["valid"] = valid
+        _, out_d = lax.scan(step, h0_d, inputs)
+        outs.append(flip_rows(out_d, lengths) if store_flipped else out_d)
+    out = outs[0] if dims.D == 1 else jnp.concatenate(outs, axis=-1)
+    if not desc.training:
+        return out.astype(dtype)
+    y = activate(desc.activation, out)
     if valid is not None:
         y = jnp.where(valid, y, 0)
-    if desc.training:
-        return y.astype(dtype), z.astype(dtype)
-    return y.astype(dtype)
+    return y.astype(dtype), out.astype(dtype)
 
 
 def reference_gradients(source, recurrent_weight, source_gradient, z_state, input_weight=None,
@@ -174,32 +182,39 @@ def reference_gradients(source, recurrent_weight, source_gradient, z_state, inpu
     valid = None if lengths is None else valid_steps(lengths, dims.T)
 
     dxps, dRs, dh0s = [], [], []
-    for d, (g_d, z_d, h0_d, m_d) in enumerate(zip(_halves(g, dims), _halves(z, dims),
-                                                  _halves(h0, dims), _halves(m, dims))):
+    for d, (g_d, z_d, h0_d) in enumerate(zip(_halves(g, dims), _halves(z, dims),
+                                             _halves(h0, dims))):
         read_reversed, store_flipped = direction_layout(desc, d)
+        m_d = None if m is None else _halves(m, dims)[d]
         if store_flipped:  # to processing order
             g_d, z_d = flip_rows(g_d, lengths), flip_rows(z_d, lengths)
-        h_prev = jnp.concatenate([h0_d[None], activate(desc.activation, z_d)])[:dims.T]
-        hm = h_prev * m_d
+        hm = jnp.concatenate([h0_d[None], activate(desc.activation, z_d)])[:dims.T]
+        if m_d is not None:
+            hm = hm * m_d
         if valid is not None:  # padded steps add nothing to dR, whatever z holds there
             hm = jnp.where(valid, hm, 0)
 
         def step(carry, inputs, R_d=R[d]):
-            g_k, z_k, m_k, *valid_k = inputs
-            dz_k = (g_k + carry) * activate_grad(desc.activation, z_k)
-            if not valid_k:
-                return jnp.matmul(dz_k, R_d, precision=_HIGHEST) * m_k, dz_k
-            # A padded step has no gradient and feeds none back.
-            dz_k = jnp.where(valid_k[0], dz_k, 0)
-            carry_k = jnp.matmul(dz_k, R_d, precision=_HIGHEST) * m_k
-            return jnp.where(valid_k[0], carry_k, 0), dz_k
+            dz_k = (inputs["g"] + carry) * activate_grad(desc.activation, inputs["z"])
+            if valid is not None:  # a padded step has no gradient
+                dz_k = jnp.where(inputs["valid"], dz_k, 0)
+            carry_k = jnp.matmul(dz_k, R_d, precision=_HIGHEST)
+            if m_d is not None:
+                carry_k = carry_k * inputs["m"]
+            if valid is not None:  # ... and feeds none back
+                carry_k = jnp.where(inputs["valid"], carry_k, 0)
+            return carry_k, dz_k
 
-        inputs = (g_d, z_d, m_d) if valid is None else (g_d, z_d, m_d, valid)
+        inputs = {"g": g_d, "z": z_d}
+        if m_d is not None:
+            inputs["m"] = m_d
+        if valid is not None:
+            inputs["valid"] = valid
         dh0_d, dz = lax.scan(step, jnp.zeros_like(h0_d), inputs, reverse=True)
         dRs.append(jnp.einsum("tnh,tnk->hk", dz, hm, precision=_HIGHEST))
         dxps.append(flip_rows(dz, lengths) if read_reversed else dz)  # to source time
         dh0s.append(dh0_d)
-    dxp = jnp.concatenate(dxps, axis=-1)
+    dxp = dxps[0] if dims.D == 1 else jnp.concatenate(dxps, axis=-1)
 
     dR = jnp.stack(dRs) if desc.bidirectional else dRs[0]
     if input_weight is None:
