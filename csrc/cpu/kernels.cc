@@ -40,9 +40,9 @@ void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double al
 // OpenBLAS's AVX2 (Haswell) kernels have no unpacked small-matrix path, so with a handful of
 // rows that repacking is a large share of the step. Here R is packed once per call into
 // panels of kPanel columns (k-major), and a register-blocked kernel keeps a
-// kRowBlock x kPanel tile of the product in vector registers while it walks k. Its epilogue
-// (the activation in the forward pass) runs on the tile while it is in cache. Vector width
-// and tile follow the instruction set this file is compiled for (kernels.h).
+// kRowBlock x kPanel tile of the product in vector registers while it walks k. Each finished
+// row goes to the caller's epilogue (the forward's activation) while it is in cache. Vector
+// width and tile follow the instruction set this file is compiled for (kernels.h).
 
 #if defined(__AVX512F__)
 constexpr int kLanes = 16, kRowBlock = 8;  // 16 of the 32 zmm registers accumulate
