@@ -7,10 +7,10 @@
 #   PYTHON=... scripts/sanitize.sh tests/test_fuzz.py -x   # arguments go to pytest instead
 #
 # Default subset: tests/test_op*.py, test_edges.py, test_transforms.py, test_fuzz.py,
-# test_handler_direct.py, test_concurrency.py, test_extreme.py (those present). About 7
-# minutes on 2 busy cores, the build included. tests/test_isa_builds.py is left out (one
-# subprocess per instruction-set build, ~25 s each normally, far slower under ASan); pass it
-# as an argument to run every build under the sanitizers.
+# test_handler_direct.py, test_concurrency.py, test_extreme.py, test_seq_lengths.py (those
+# present). About 10 minutes on 2 busy cores, the build included. tests/test_isa_builds.py
+# is left out (one subprocess per instruction-set build, ~25 s each normally, far slower
+# under ASan); pass it as an argument to run every build under the sanitizers.
 #
 # Environment:
 #   PYTHON     the interpreter whose jax / scipy-openblas32 / pytest to use (default python3);
@@ -165,7 +165,7 @@ else
   for f in "$REPO"/tests/test_op*.py "$REPO"/tests/test_edges.py \
            "$REPO"/tests/test_transforms.py "$REPO"/tests/test_fuzz.py \
            "$REPO"/tests/test_handler_direct.py "$REPO"/tests/test_concurrency.py \
-           "$REPO"/tests/test_extreme.py; do
+           "$REPO"/tests/test_extreme.py "$REPO"/tests/test_seq_lengths.py; do
     [ -e "$f" ] && TESTS+=("$f")
   done
 fi
