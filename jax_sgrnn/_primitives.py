@@ -3,9 +3,10 @@
 Operands are ``x, R`` (plus ``dy, z`` for the gradients) followed by the optional inputs that
 are present, in the order ``input_weight, bias, init_state, mask, seq_lengths``;
 :class:`OpConfig` says which. The mask arrives normalised: rank 3 (``[Tm, Nm, Hm]``, each 1 or
-full) in the compute dtype (``_spec.compute_dtype``); the lengths as int32 in [0, T]. The gradient primitive carries a leading axis ``G``
-of independent problems that share the weights (``G = 1`` from the public op; vmap grows it),
-so per-example weight gradients come from one call.
+full) in the compute dtype (``_spec.compute_dtype``); the lengths as int32 in [0, T]. The
+gradient primitive carries a leading axis ``G`` of independent problems that share the weights
+(``G = 1`` from the public op; vmap grows it), so per-example weight gradients come from one
+call.
 """
 
 from __future__ import annotations
@@ -158,8 +159,9 @@ def _batch_rule(primitive: Primitive, decomposition, n_leading: int, axis: int):
     Its first ``n_leading`` operands are ``x, R`` (forward) or ``x, R, dy, z`` (gradients);
     the mapped axis folds into their axis ``axis`` (N for the forward, the group axis G for the
     gradients), and into the same axis of the mask and axis 0 of the initial state and the
-    sequence lengths, so the batch stays one call of the same kernel (per-example weight gradients included). Mapped
-    weights (R, W or b) cannot join one call: those get a batched scan of the decomposition.
+    sequence lengths, so the batch stays one call of the same kernel (per-example weight
+    gradients included). Mapped weights (R, W or b) cannot join one call: those get a batched
+    scan of the decomposition.
     """
     def rule(args, dims, *, config: OpConfig):
         size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)

@@ -232,12 +232,10 @@ def validate(source, recurrent_weight, input_weight, bias, init_state, mask,
                     *state_arrays):
         if a is None:
             raise TypeError(f"{name}: expected an array, got None (only input_weight, bias, "
-                            "init_state and mask are optional)")
+                            "init_state, mask and seq_lengths are optional)")
     dtype = check_dtypes(source=source, recurrent_weight=recurrent_weight,
                          input_weight=input_weight, bias=bias, init_state=init_state, mask=mask,
-                         **dict(state_arrays))
-    if seq_lengths is not None:
-        check_dtypes(seq_lengths=seq_lengths)
+                         **dict(state_arrays), seq_lengths=seq_lengths)
     dims = check_shapes(source.shape, recurrent_weight.shape, shape_of(input_weight),
                         shape_of(bias), shape_of(init_state), shape_of(mask), bidirectional,
                         [(n, a.shape) for n, a in state_arrays], shape_of(seq_lengths))
