@@ -8,7 +8,7 @@ are available here.
 
 from importlib.metadata import PackageNotFoundError, version
 
-from ._backends import Backend, backends, get_cpu_backend, set_cpu_backend
+from ._backends import Backend, backends, get_cpu_backend, set_cpu_backend, use_cuda_handler
 from ._spec import Activation, SingleGateRNNDescriptor
 from .ops import single_gate_rnn, single_gate_rnn_gradients
 from .reference import reference, reference_gradients
@@ -25,6 +25,7 @@ __all__ = [
     "set_cpu_backend",
     "single_gate_rnn",
     "single_gate_rnn_gradients",
+    "use_cuda_handler",
 ]
 
 #: Platforms on which some native backend is available (everywhere else: the decomposition).

@@ -6,7 +6,10 @@ its platform, its extension module, its FFI target names (from the C++ table
 ``registrations()``), which dtypes it runs as they are, which it widens to float32 and which it
 hands to another backend, and whether it is available in this process (and if not, why).
 
-On the ``cpu`` platform two handlers can serve a call: ``native`` (C++ and a BLAS) and ``mps``
+On the ``cuda`` platform the ``cuda`` handler runs the recurrence whenever the package was built
+with it (the lowering applies the input weight and the bias, and the weight gradients, with
+XLA's matrix products), for hidden sizes whose R fits on chip; other sizes lower to the
+decomposition. On the ``cpu`` platform two handlers can serve a call: ``native`` (C++ and a BLAS) and ``mps``
 (MPSGraph on the Apple GPU over unified memory). ``set_cpu_backend`` chooses; the choice is
 part of JAX's jit key, and the backend chosen for a call is part of the primitives' static
 config (``OpConfig.backends``), so a lowering never guesses.
@@ -22,13 +25,13 @@ import os
 import sys
 import warnings
 from types import MappingProxyType
-from typing import Iterator, Mapping, Optional
+from typing import Callable, Iterator, Mapping, Optional
 
 import jax
 import numpy as np
 from jax._src import config as jax_config  # enum_state: a jit-keyed, env-backed option
 
-__all__ = ["Backend", "backends", "get_cpu_backend", "set_cpu_backend"]
+__all__ = ["Backend", "backends", "get_cpu_backend", "set_cpu_backend", "use_cuda_handler"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +39,7 @@ class Backend:
     """One native handler of the op, and its state in this process.
 
     Attributes:
-      name: ``"native"`` or ``"mps"``.
+      name: ``"native"``, ``"mps"`` or ``"cuda"``.
       platform: the XLA platform its FFI targets are registered for.
       module: its extension module inside ``jax_sgrnn``.
       native_dtypes: dtypes it computes in as they are.
@@ -48,6 +51,10 @@ class Backend:
       reason: why not, when not available.
       device: the device it runs on, where that is not the host CPU (the Metal GPU's name).
       targets: ``"forward"`` / ``"gradients"`` -> FFI target name.
+      recurrence_only: its handler takes the projected source; the lowering applies the input
+        weight and bias and computes dW, db and dx with XLA around it.
+      fits: ``(hidden, itemsize, gradients) -> bool``: whether its handler runs that hidden
+        size; a call that does not fit lowers to the decomposition. None: every size.
     """
 
     name: str
@@ -61,6 +68,14 @@ class Backend:
     reason: Optional[str] = None
     device: Optional[str] = None
     targets: Mapping[str, str] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
+    recurrence_only: bool = False
+    fits: Optional[Callable[[int, int, bool], bool]] = None
+
+    def runs(self, hidden: int, dtype, gradients: bool) -> bool:
+        """Whether its handler runs a call of this hidden size in ``dtype`` (the forward, or
+        with ``gradients`` the gradient op)."""
+        return self.fits is None or self.fits(hidden, self.compute_dtype(dtype).itemsize,
+                                              gradients)
 
     def compute_dtype(self, dtype) -> np.dtype:
         """The dtype the custom call computes in for inputs of ``dtype``."""
@@ -80,6 +95,9 @@ _SPECS = (
     # MPSGraph's op has no per-row lengths.
     Backend("mps", "cpu", "_sgrnn_mps", native_dtypes=("float32", "float16"),
             widened_dtypes=("bfloat16",), handoff=MappingProxyType({"float64": "native"})),
+    # NVIDIA GPUs: float32 and float64 as they are; half precisions accumulate in float32.
+    Backend("cuda", "cuda", "_sgrnn_cuda", native_dtypes=("float32", "float64"),
+            widened_dtypes=("float16", "bfloat16"), seq_lengths=True, recurrence_only=True),
 )
 
 
@@ -98,6 +116,8 @@ def _import(module: str):
     """The extension module, or the reason it cannot be imported."""
     if module == "_sgrnn_mps" and sys.platform != "darwin":
         return None, "built on macOS only (MPSGraph runs on Apple GPUs)"
+    if module == "_sgrnn_cuda" and sys.platform == "darwin":
+        return None, "not built on macOS (no CUDA)"
     try:
         return importlib.import_module(f"{__package__}.{module}"), None
     except ImportError as err:  # e.g. a source tree that was never built
@@ -122,6 +142,9 @@ def _load() -> dict[str, Backend]:
     for spec in _SPECS:
         targets = MappingProxyType(dict(names[spec.name]))
         module, reason = (native, None) if spec.module == "_sgrnn_cpu" else _import(spec.module)
+        if module is None and spec.platform != "cpu":  # the decomposition runs instead
+            table[spec.name] = dataclasses.replace(spec, reason=reason, targets=targets)
+            continue
         if module is None:
             # Lowering for this backend stays possible (set_cpu_backend); running fails clearly.
             for target, capsule in zip(targets.values(), missing_handlers[spec.name]):
@@ -136,12 +159,13 @@ def _load() -> dict[str, Backend]:
         for target, capsule in registrations.items():
             jax.ffi.register_ffi_target(target, capsule, platform=spec.platform)
         device = module.device_name() if hasattr(module, "device_name") else None
+        fits = getattr(module, "recurrence_fits", None)
         if device == "":
             table[spec.name] = dataclasses.replace(
                 spec, targets=targets, reason="no Metal device is visible to this process")
-        else:
+        else:  # a CUDA build is available wherever it imports: lowering needs no GPU
             table[spec.name] = dataclasses.replace(spec, available=True, device=device,
-                                                   targets=targets)
+                                                   targets=targets, fits=fits)
     return table
 
 
@@ -208,10 +232,40 @@ def set_cpu_backend(name: str) -> contextlib.AbstractContextManager[None]:
     return restore()
 
 
+# Whether the cuda platform uses the CUDA handler (when built); off: the decomposition, to
+# compare the two or to rule the handler out. Part of the jit key, like the cpu choice.
+_cuda_handler = jax_config.bool_state(
+    name="jax_sgrnn_cuda_handler", default=True,
+    help="Whether jax_sgrnn's ops run the CUDA handler on NVIDIA GPUs (else lax.scan).",
+    include_in_jit_key=True, include_in_trace_context=True)
+
+
+def use_cuda_handler(on: bool) -> contextlib.AbstractContextManager[None]:
+    """Turns the CUDA handler on (the default where the package was built with it) or off
+    (the ``lax.scan`` decomposition runs on NVIDIA GPUs instead), from now on; returns a
+    context manager that restores the previous setting, like ``set_cpu_backend``."""
+    previous = _cuda_handler.value
+    jax.config.update(_cuda_handler.name, bool(on))
+
+    @contextlib.contextmanager
+    def restore() -> Iterator[None]:
+        try:
+            yield
+        finally:
+            jax.config.update(_cuda_handler.name, previous)
+
+    return restore()
+
+
 def backends_for(dtype, seq_lengths: bool = False) -> tuple[str, ...]:
     """The backends a call with inputs of ``dtype`` (and per-row lengths, if ``seq_lengths``)
     lowers to, at most one per platform; platforms not named lower to the ``lax.scan``
     decomposition."""
+    gpu = ("cuda",) if _TABLE["cuda"].available and _cuda_handler.value else ()
+    return _cpu_backend_for(dtype, seq_lengths) + gpu
+
+
+def _cpu_backend_for(dtype, seq_lengths: bool) -> tuple[str, ...]:
     choice = get_cpu_backend()
     if choice == "scan":
         return ()

@@ -3,16 +3,23 @@
 The backend a call uses is in its static config (``OpConfig.backends``, chosen in ``ops.py``).
 On a platform where that names a backend, the primitive lowers to the backend's FFI custom
 call, with the inputs in the backend's compute dtype (``Backend.compute_dtype``) and the
-results cast back; everywhere else (GPUs, TPUs, Apple's jax-metal, which cannot run custom
-calls) to the ``lax.scan`` decomposition.
+results cast back; everywhere else (ROCm, TPUs, Apple's jax-metal, which cannot run custom
+calls), and for sizes the backend's handler does not run (``Backend.runs``), to the
+``lax.scan`` decomposition.
+
+A ``recurrence_only`` backend (CUDA) runs the sequential part alone: XLA applies the input
+weight and bias before its forward call (one large matrix product over all steps), and
+computes dW, db and dx from the dz its gradient call returns.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 from jax.interpreters import mlir
 
 from ._backends import Backend, backend_for_platform, platforms
@@ -31,15 +38,32 @@ def _ffi_operands(opt: dict, dtype) -> list:
             for n in OPTIONAL_NAMES]
 
 
+def _recurrence_only(config: OpConfig) -> OpConfig:
+    """The config of a recurrence-only backend's custom call: no input weight or bias."""
+    return dataclasses.replace(config, has_input_weight=False, has_bias=False)
+
+
+def _project(x, W, b):
+    """x W^T + b over the last axis of x (either may be absent), at full precision."""
+    if W is not None:
+        x = jnp.einsum("...i,hi->...h", x, W, precision=lax.Precision.HIGHEST)
+    return x if b is None else x + b
+
+
 def _ffi_forward(x, R, *rest, config: OpConfig, backend: Backend) -> list:
     dtype, cdt = x.dtype, backend.compute_dtype(x.dtype)
     training = config.descriptor.training
     D, H = config.descriptor.directions, R.shape[-1]
     state = jax.ShapeDtypeStruct((x.shape[0], x.shape[1], D * H), cdt)
     z_result = state if training else jax.ShapeDtypeStruct((0,), cdt)
+    opt = {n: None if v is None else v.astype(cdt) for n, v in config.optionals(rest).items()}
+    x = x.astype(cdt)
+    if backend.recurrence_only:
+        x = _project(x, opt["input_weight"], opt["bias"])
+        opt["input_weight"] = opt["bias"] = None
+        config = _recurrence_only(config)
     y, z = jax.ffi.ffi_call(backend.targets["forward"], (state, z_result))(
-        x.astype(cdt), R.astype(cdt).reshape(D, H, H),
-        *_ffi_operands(config.optionals(rest), cdt), **config.ffi_attributes())
+        x, R.astype(cdt).reshape(D, H, H), *_ffi_operands(opt, cdt), **config.ffi_attributes())
     return [y.astype(dtype), z.astype(dtype)] if training else [y.astype(dtype)]
 
 
@@ -51,19 +75,57 @@ def _ffi_gradients(x, R, dy, z, *rest, config: OpConfig, backend: Backend) -> li
     def result(shape, present=True):
         return jax.ShapeDtypeStruct(shape if present else (0,), cdt)
 
+    opt = {n: None if v is None else v.astype(cdt) for n, v in config.optionals(rest).items()}
+    if backend.recurrence_only:
+        return _recurrence_only_gradients(x, R, dy, z, opt, config=config, backend=backend)
+    x, dy = x.astype(cdt), dy.astype(cdt)
     results = (result((G, T, N, I)), result((G, D, H, H)),
                result((G, D * H, I), config.has_input_weight), result((G, D * H), config.has_bias),
                result((G, N, D * H), config.has_init_state))
     dx, dR, dW, db, dh0 = jax.ffi.ffi_call(backend.targets["gradients"], results)(
-        x.astype(cdt), R.astype(cdt).reshape(D, H, H), dy.astype(cdt), z.astype(cdt),
-        *_ffi_operands(config.optionals(rest), cdt), **config.ffi_attributes())
+        x, R.astype(cdt).reshape(D, H, H), dy, z.astype(cdt), *_ffi_operands(opt, cdt),
+        **config.ffi_attributes())
     grads = [dx, dR.reshape(G, *R.shape)]
     grads += [g for g, here in zip((dW, db, dh0), config.present[:3]) if here]
     return [g.astype(dtype) for g in grads]
 
 
+def _recurrence_only_gradients(x, R, dy, z, opt: dict, *, config: OpConfig,
+                               backend: Backend) -> list:
+    """The gradient op on a recurrence-only backend: its custom call returns dz (the gradient
+    of the projected source), dR and dh0; XLA computes dx, dW and db from dz. The call does not
+    read its source operand, and gets dy there, which has the shape it checks."""
+    dtype, cdt = x.dtype, backend.compute_dtype(x.dtype)
+    G, T, N, _ = x.shape
+    D, H = config.descriptor.directions, R.shape[-1]
+    has_h0 = config.has_init_state
+    results = (jax.ShapeDtypeStruct((G, T, N, D * H), cdt),
+               jax.ShapeDtypeStruct((G, D, H, H), cdt), jax.ShapeDtypeStruct((0,), cdt),
+               jax.ShapeDtypeStruct((0,), cdt),
+               jax.ShapeDtypeStruct((G, N, D * H) if has_h0 else (0,), cdt))
+    W, x, dy = opt["input_weight"], x.astype(cdt), dy.astype(cdt)
+    opt = dict(opt, input_weight=None, bias=None)
+    dz, dR, _, _, dh0 = jax.ffi.ffi_call(backend.targets["gradients"], results)(
+        dy, R.astype(cdt).reshape(D, H, H), dy, z.astype(cdt), *_ffi_operands(opt, cdt),
+        **_recurrence_only(config).ffi_attributes())
+    hi = lax.Precision.HIGHEST
+    grads = [dz if W is None else jnp.einsum("gtnh,hi->gtni", dz, W, precision=hi),
+             dR.reshape(G, *R.shape)]
+    if W is not None:
+        grads.append(jnp.einsum("gtnh,gtni->ghi", dz, x, precision=hi))
+    if config.has_bias:
+        grads.append(dz.sum(axis=(1, 2)))
+    if has_h0:
+        grads.append(dh0)
+    return [g.astype(dtype) for g in grads]
+
+
 def _lower(ctx, *args, config: OpConfig, platform: str, custom_call, decomposition):
     backend = backend_for_platform(config.backends, platform)
+    gradients = custom_call is _ffi_gradients
+    source, weight = ctx.avals_in[:2]
+    if backend is not None and not backend.runs(weight.shape[-1], source.dtype, gradients):
+        backend = None  # R too large for this handler's kernels
     if backend is None:  # XLA partitions the decomposition like any JAX code
         fn = functools.partial(decomposition, config=config)
     else:

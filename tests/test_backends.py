@@ -54,9 +54,9 @@ def _child(code: str, **env) -> subprocess.CompletedProcess:
 
 
 def test_every_backend_is_described():
-    assert set(TABLE) == {"native", "mps"}
+    assert set(TABLE) == {"native", "mps", "cuda"}
     for name, b in TABLE.items():
-        assert b.name == name and b.platform == "cpu"
+        assert b.name == name and b.platform == ("cuda" if name == "cuda" else "cpu")
         assert set(b.targets) == {"forward", "gradients"}
         assert b.available == (b.reason is None), b
         assert not set(b.native_dtypes) & set(b.widened_dtypes)
@@ -82,7 +82,8 @@ def test_registrations_match_the_table(name):
 
 
 @requires_native
-@pytest.mark.parametrize("name", [n for n, b in TABLE.items() if b.available])
+@pytest.mark.parametrize("name", [n for n, b in TABLE.items()
+                                  if b.available and b.platform == "cpu"])
 def test_lowered_targets_are_the_tables(name, rng):
     inputs = make_inputs(rng, dtype=jnp.float32)
     with jax_sgrnn.set_cpu_backend(name):
@@ -102,7 +103,7 @@ def test_unavailable_backends_say_why():
 
 def test_backends_returns_a_copy():
     jax_sgrnn.backends().clear()
-    assert set(jax_sgrnn.backends()) == {"native", "mps"}
+    assert set(jax_sgrnn.backends()) == {"native", "mps", "cuda"}
 
 
 @pytest.mark.parametrize("name,dtype,expected", [
@@ -132,8 +133,9 @@ def test_default_choice_is_auto():
 
 def test_auto_resolves_by_availability():
     expected = "mps" if MPS_RUNS_HERE else ("native" if TABLE["native"].available else None)
+    gpu = ("cuda",) if TABLE["cuda"].available else ()  # the cuda platform's, whatever the choice
     with jax_sgrnn.set_cpu_backend("auto"):
-        assert _backends.backends_for(np.float32) == ((expected,) if expected else ())
+        assert _backends.backends_for(np.float32) == ((expected,) if expected else ()) + gpu
 
 
 @pytest.mark.skipif(MPS_RUNS_HERE, reason="MPSGraph is available here, so auto picks it")

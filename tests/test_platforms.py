@@ -1,4 +1,5 @@
-"""Platform routing: CPU lowers to the custom calls, every other platform to the decomposition.
+"""Platform routing: CPU lowers to the custom calls, CUDA to its own where the package was built
+with them (test_cuda.py checks those), every other platform to the decomposition.
 
 Cross-platform lowering with jax.export needs no device, so this runs on any machine.
 """
@@ -11,8 +12,9 @@ from jax import export
 
 import jax_sgrnn
 
-#: Every backend's FFI targets: none may appear off CPU.
+#: Every backend's FFI targets: none may appear off CPU (or, from the CUDA build, off CUDA).
 TARGETS = tuple(t for b in jax_sgrnn.backends().values() for t in b.targets.values())
+CUDA_BUILT = jax_sgrnn.backends()["cuda"].available
 NATIVE = tuple(jax_sgrnn.backends()["native"].targets.values())
 
 
@@ -32,7 +34,10 @@ def _loss(x, R, W, mask, bidirectional):
     return jnp.sum(y * y)
 
 
-@pytest.mark.parametrize("platform", ["cuda", "rocm", "tpu"])
+@pytest.mark.parametrize("platform", [
+    pytest.param("cuda", marks=pytest.mark.skipif(
+        CUDA_BUILT, reason="built with the CUDA handler: cuda lowers to it (test_cuda.py)")),
+    "rocm", "tpu"])
 @pytest.mark.parametrize("bidirectional", [False, True])
 def test_other_platforms_lower_the_decomposition(platform, bidirectional):
     x, R, W, mask = _problem(bidirectional)

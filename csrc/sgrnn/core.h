@@ -10,6 +10,14 @@
 #include <cstdint>
 #include <string>
 
+// The rules below that kernels use are compiled for the GPU too (csrc/cuda), so that every
+// handler shares one definition of them.
+#if defined(__CUDACC__)
+#define SGRNN_HOST_DEVICE __host__ __device__
+#else
+#define SGRNN_HOST_DEVICE
+#endif
+
 namespace sgrnn {
 
 // MPSGraphRNNActivation's numbering; the Python enum uses the same values.
@@ -53,24 +61,24 @@ struct DirectionLayout {
   bool store_flipped;  // step k is stored at time T-1-k (backward half of a bidirectional RNN)
 
   // Time index of the y/z slot written at processing step k.
-  int64_t Slot(int64_t k, int64_t T) const { return store_flipped ? T - 1 - k : k; }
+  SGRNN_HOST_DEVICE int64_t Slot(int64_t k, int64_t T) const { return store_flipped ? T - 1 - k : k; }
   // True when projected inputs, computed in source time order, must be flipped in time to sit
   // in their step's slot (unidirectional reverse), and gradients flipped back the same way.
-  bool source_order_differs() const { return read_reversed != store_flipped; }
+  SGRNN_HOST_DEVICE bool source_order_differs() const { return read_reversed != store_flipped; }
   // With per-row lengths a flipped slot differs from row to row, so a run stores step k at k
   // and flips each row's first `length` steps into place afterwards.
-  DirectionLayout InProcessingOrder() const { return {read_reversed, false}; }
+  SGRNN_HOST_DEVICE DirectionLayout InProcessingOrder() const { return {read_reversed, false}; }
 };
 
 // Row n's number of valid steps: seq_lengths[n] clamped to [0, T] (the Python side rejects
 // concrete lengths outside it and documents the clamp for traced ones); T without lengths.
 // Steps k >= length leave the row's state alone and give zeros; a reversed direction starts at
 // the row's own last valid step, so DirectionLayout's T becomes the row's length.
-inline int64_t RowLength(const int32_t* seq_lengths, int64_t n, int64_t T) {
+SGRNN_HOST_DEVICE inline int64_t RowLength(const int32_t* seq_lengths, int64_t n, int64_t T) {
   return seq_lengths ? std::clamp<int64_t>(seq_lengths[n], 0, T) : T;
 }
 
-inline DirectionLayout LayoutOf(const Config& c, int64_t direction) {
+SGRNN_HOST_DEVICE inline DirectionLayout LayoutOf(const Config& c, int64_t direction) {
   if (direction == 1) return {true, true};
   return {c.reverse && !c.bidirectional, false};
 }
@@ -102,7 +110,7 @@ struct MaskView {
 // branch-free, so loops over it vectorise; accurate to a few ulp. Beyond the clamp it returns
 // exactly +-1 (with FMA the rational form gives 1 - 2^-22 there, which would leave a
 // saturated unit a gradient); NaN stays NaN. double uses std::tanh.
-inline float FastTanh(float x) {
+SGRNN_HOST_DEVICE inline float FastTanh(float x) {
   constexpr float kClamp = 7.90531110763549805f;
   const float xc = x > kClamp ? kClamp : (x < -kClamp ? -kClamp : x);  // keeps NaN
   const float x2 = xc * xc;
@@ -122,13 +130,13 @@ inline float FastTanh(float x) {
   const float ax = std::abs(x);
   return ax < 0.0004f ? x : (ax >= kClamp ? std::copysign(1.0f, x) : ratio);
 }
-inline double FastTanh(double x) { return std::tanh(x); }
+SGRNN_HOST_DEVICE inline double FastTanh(double x) { return std::tanh(x); }
 
 // e^x for x <= 0 (NaN stays NaN). float: Cody-Waite range reduction and Cephes' degree-6
 // polynomial, branch-free so loops over it vectorise; within a few ulp wherever the result is
 // a normal float, and exactly 0 below -104 (where e^x rounds to 0). 2^n is applied as two
 // factors so that n down to -150 stays representable. double uses std::exp.
-inline float ExpNonPositive(float x) {
+SGRNN_HOST_DEVICE inline float ExpNonPositive(float x) {
   constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
   const float xc = x < -104.0f ? -104.0f : x;  // keeps NaN
   const float shifted = xc * 1.44269504088896341f + kRound;
@@ -147,25 +155,25 @@ inline float ExpNonPositive(float x) {
   const float scale_b = std::bit_cast<float>(static_cast<uint32_t>(ni - half + 127) << 23);
   return p * scale_a * scale_b;
 }
-inline double ExpNonPositive(double x) { return std::exp(x); }
+SGRNN_HOST_DEVICE inline double ExpNonPositive(double x) { return std::exp(x); }
 
 // The logistic function from e = e^-|z|, with no cancellation in either tail:
 // sigmoid(z) = 1 / (1 + e) for z >= 0, e / (1 + e) below; sigmoid'(z) = e / (1 + e)^2.
 // tanh'(z) = 1 - tanh(z)^2 = 4 e2 / (1 + e2)^2 with e2 = e^-2|z|, exact in the tails too.
 template <typename T>
-inline T Sigmoid(T z) {
+SGRNN_HOST_DEVICE inline T Sigmoid(T z) {
   const T e = ExpNonPositive(-std::abs(z));
   const T inverse = T(1) / (T(1) + e);
   return z >= T(0) ? inverse : e * inverse;  // NaN: e is NaN
 }
 template <typename T>
-inline T SigmoidGrad(T z) {
+SGRNN_HOST_DEVICE inline T SigmoidGrad(T z) {
   const T e = ExpNonPositive(-std::abs(z));
   const T inverse = T(1) / (T(1) + e);
   return e * inverse * inverse;
 }
 template <typename T>
-inline T TanhGrad(T z) {
+SGRNN_HOST_DEVICE inline T TanhGrad(T z) {
   const T e = ExpNonPositive(T(-2) * std::abs(z));
   const T inverse = T(1) / (T(1) + e);
   return T(4) * e * inverse * inverse;
@@ -173,7 +181,7 @@ inline T TanhGrad(T z) {
 
 // act(z), and act'(z) (given h = act(z) too, for the activations that reuse it).
 template <Activation A, typename T>
-inline T Activate(T z) {
+SGRNN_HOST_DEVICE inline T Activate(T z) {
   if constexpr (A == Activation::kNone) return z;
   if constexpr (A == Activation::kRelu) return (z > T(0) || z != z) ? z : T(0);  // NaN stays
   if constexpr (A == Activation::kTanh) return FastTanh(z);
@@ -183,7 +191,7 @@ inline T Activate(T z) {
 }
 
 template <Activation A, typename T>
-inline T ActivateGrad(T z, [[maybe_unused]] T h) {  // h = Activate<A>(z)
+SGRNN_HOST_DEVICE inline T ActivateGrad(T z, [[maybe_unused]] T h) {  // h = Activate<A>(z)
   if constexpr (A == Activation::kNone) return T(1);
   if constexpr (A == Activation::kRelu) return z > T(0) ? T(1) : T(0);
   if constexpr (A == Activation::kTanh) return TanhGrad(z);

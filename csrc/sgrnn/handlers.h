@@ -12,6 +12,10 @@ namespace sgrnn {
 XLA_FFI_DECLARE_HANDLER_SYMBOL(NativeForward);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(NativeGradients);
 
+// csrc/cuda/ffi_cuda.cc: the recurrence on an NVIDIA GPU, on XLA's stream (built with nvcc).
+XLA_FFI_DECLARE_HANDLER_SYMBOL(CudaForward);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(CudaGradients);
+
 // csrc/metal/mps_handler.mm: MPSGraph's singleGateRNN ops on the Apple GPU (macOS only).
 XLA_FFI_DECLARE_HANDLER_SYMBOL(MpsForward);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(MpsGradients);

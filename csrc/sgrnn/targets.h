@@ -15,7 +15,9 @@ struct TargetNames {
 inline constexpr TargetNames kNativeTargets{"native", "jax_sgrnn_forward", "jax_sgrnn_gradients"};
 inline constexpr TargetNames kMpsTargets{"mps", "jax_sgrnn_mps_forward",
                                          "jax_sgrnn_mps_gradients"};
-inline constexpr TargetNames kAllTargets[] = {kNativeTargets, kMpsTargets};
+inline constexpr TargetNames kCudaTargets{"cuda", "jax_sgrnn_cuda_forward",
+                                          "jax_sgrnn_cuda_gradients"};
+inline constexpr TargetNames kAllTargets[] = {kNativeTargets, kMpsTargets, kCudaTargets};
 
 }  // namespace sgrnn
 

@@ -1,0 +1,93 @@
+// How the CUDA recurrence kernels (recurrence.cu) split one problem over the GPU: plain C++ with
+// no CUDA types, so that it is unit-tested on any machine (tests/cpp/test_cuda_plan.cc).
+//
+// Batch rows are independent, so each thread-block cluster owns a group of rows and runs all T
+// steps for them with R held in registers: a block's threads each hold kSlice entries of one
+// row of R (forward; one column for the gradients), `slices` threads per hidden unit, and the
+// `cluster` blocks of a cluster split the H units between them. Per step a cluster exchanges
+// the new state through (distributed) shared memory and meets at one barrier.
+#ifndef JAX_SGRNN_CUDA_RECURRENCE_PLAN_H_
+#define JAX_SGRNN_CUDA_RECURRENCE_PLAN_H_
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+
+namespace sgrnn::cuda {
+
+// Entries of R each thread keeps in registers: 256 bytes (64 floats) in the forward, half as
+// many in the gradients, whose threads also keep their share of dR. With __launch_bounds__ of
+// kMaxThreads each thread may use 128 registers, which these fit.
+inline constexpr int64_t SliceLength(int64_t element_bytes, bool gradients) {
+  return (gradients ? 128 : 256) / element_bytes;
+}
+// Padding after each slice in the exchange buffer (one 16-byte vector), so that the S slices
+// that one warp reads at once sit in different shared-memory banks.
+inline constexpr int64_t SlicePadding(int64_t element_bytes) { return 16 / element_bytes; }
+
+inline constexpr int64_t kMaxThreads = 512;
+// Thread-block clusters of up to 8 blocks are portable on sm_90.
+inline constexpr int64_t kMaxCluster = 8;
+
+struct RecurrencePlan {
+  int64_t slice;     // entries of R per thread (SliceLength)
+  int64_t slices;    // S: threads per hidden unit, a power of two <= 32 (one warp shuffle)
+  int64_t cluster;   // C: blocks of a cluster, splitting the H units
+  int64_t units;     // U: hidden units per block, ceil(H / C)
+  int64_t threads;   // U * S rounded up to whole warps
+  int64_t rows;      // B: batch rows per cluster
+  int64_t clusters;  // K: clusters per direction, ceil(N / B)
+  int64_t shared_bytes;  // dynamic shared memory per block
+
+  // Elements of one exchange buffer: B rows of S padded slices.
+  int64_t ExchangeElements(int64_t element_bytes) const {
+    return rows * slices * (slice + SlicePadding(element_bytes));
+  }
+};
+
+// The block shape (everything but rows, clusters and shared_bytes) for hidden size H, or
+// nothing when R does not fit on chip at this size. Independent of the batch and the device,
+// so the lowering can ask it (jax_sgrnn/_backends.py) before any GPU is seen.
+inline std::optional<RecurrencePlan> BlockShape(int64_t H, int64_t element_bytes,
+                                                bool gradients) {
+  if (H < 1) return std::nullopt;
+  const int64_t slice = SliceLength(element_bytes, gradients);
+  int64_t slices = 1;
+  while (slices * slice < H) slices *= 2;
+  if (slices > 32) return std::nullopt;
+  for (int64_t cluster = 1; cluster <= kMaxCluster; cluster *= 2) {
+    const int64_t units = (H + cluster - 1) / cluster;
+    const int64_t threads = (units * slices + 31) / 32 * 32;
+    if (threads <= kMaxThreads) return RecurrencePlan{slice, slices, cluster, units, threads,
+                                                      0, 0, 0};
+  }
+  return std::nullopt;
+}
+
+// The full plan for N rows and D directions on a device with `multiprocessors` SMs and
+// `max_shared_bytes` of shared memory per block: as few rows per cluster as fill the device in
+// one wave, and no more than fit in shared memory (further clusters then run in later waves).
+inline std::optional<RecurrencePlan> PlanRecurrence(int64_t H, int64_t N, int64_t D,
+                                                    int64_t element_bytes, bool gradients,
+                                                    int64_t multiprocessors,
+                                                    int64_t max_shared_bytes) {
+  std::optional<RecurrencePlan> plan = BlockShape(H, element_bytes, gradients);
+  if (!plan || N < 1) return plan;
+  const int64_t blocks_per_row = plan->cluster * D;
+  int64_t rows = std::max<int64_t>(1, (N * blocks_per_row + multiprocessors - 1) /
+                                          std::max<int64_t>(1, multiprocessors));
+  // Two exchange buffers (double-buffered steps) and one per-unit row state, per row.
+  const int64_t per_row = element_bytes * (2 * plan->slices * (plan->slice +
+                                                               SlicePadding(element_bytes)) +
+                                           plan->units);
+  rows = std::min(rows, max_shared_bytes / per_row);
+  if (rows < 1) return std::nullopt;
+  plan->rows = rows;
+  plan->clusters = (N + rows - 1) / rows;
+  plan->shared_bytes = rows * per_row;
+  return plan;
+}
+
+}  // namespace sgrnn::cuda
+
+#endif  // JAX_SGRNN_CUDA_RECURRENCE_PLAN_H_

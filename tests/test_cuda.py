@@ -1,0 +1,178 @@
+"""The CUDA handler (csrc/cuda) against the lax.scan reference, on an NVIDIA GPU.
+
+Every test here runs on the GPU and is skipped without one (or without the CUDA build). The
+rest of the suite also runs on the GPU when a GPU is JAX's default device (the op lowers to
+this handler there): test_op.py's flag grid, test_seq_lengths.py, test_transforms.py. The
+lowering checks at the end need only the CUDA build, not a GPU.
+"""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_sgrnn
+from conftest import (ACTIVATIONS, assert_close, full_results, make_inputs, out_shape,
+                      random_array)
+
+op = jax_sgrnn.single_gate_rnn
+ref = jax_sgrnn.reference
+CUDA = jax_sgrnn.backends()["cuda"]
+
+requires_cuda_build = pytest.mark.skipif(
+    not CUDA.available, reason=f"package built without the CUDA handler ({CUDA.reason})")
+ON_GPU = CUDA.available and jax.default_backend() == "gpu"
+requires_gpu = pytest.mark.skipif(not ON_GPU, reason="needs an NVIDIA GPU and the CUDA build")
+
+
+def _lowered_text(fn, *args, platform: str = "cuda") -> str:
+    return jax.jit(fn).trace(*args).lower(lowering_platforms=(platform,)).as_text()
+
+
+def _grid_flags():
+    """activation x reverse x bidirectional (20 cases)."""
+    return [(a, r, b) for a in ACTIVATIONS for r in (False, True) for b in (False, True)]
+
+
+def _check(rng, T, N, I, H, dtype, flags, *, mask=None, lengths=None, pattern=(True,) * 3):
+    w, b, h = pattern
+    inputs = make_inputs(rng, T, N, I, H, bidirectional=flags.get("bidirectional", False),
+                         input_weight=w, bias=b, init_state=h, mask=mask, dtype=dtype)
+    c = random_array(rng, out_shape(inputs, flags.get("bidirectional", False)), dtype)
+    flags = dict(flags, seq_lengths=lengths)
+    got, want = full_results(op, inputs, c, flags), full_results(ref, inputs, c, flags)
+    tol = {} if dtype in (jnp.float32, jnp.float64) else dict(dtype=jnp.float32)
+    assert_close(got, want, err_msg=str(flags), **tol)
+
+
+# Hidden sizes around the kernels' splits: one slice per unit (H <= 64 floats), two (128),
+# clusters of 2 blocks (forward 256) or 4 (gradients 256), 8 (forward 512, gradients by scan).
+@requires_gpu
+@pytest.mark.parametrize("act,rev,bi", _grid_flags())
+@pytest.mark.parametrize("H", [1, 37, 128, 256])
+def test_flag_grid_float32(rng, act, rev, bi, H):
+    _check(rng, 6, 5, 7, H, jnp.float32, dict(activation=act, reverse=rev, bidirectional=bi),
+           mask="float" if rev else "bool")
+
+
+@requires_gpu
+@pytest.mark.parametrize("act,rev,bi", _grid_flags()[::3])
+@pytest.mark.parametrize("H", [5, 100, 256])
+def test_flag_grid_float64(rng, act, rev, bi, H):
+    _check(rng, 5, 4, 3, H, jnp.float64, dict(activation=act, reverse=rev, bidirectional=bi),
+           mask="float")
+
+
+@requires_gpu
+@pytest.mark.parametrize("pattern", [(False, False, False), (True, False, True),
+                                     (False, True, False)])
+@pytest.mark.parametrize("N", [1, 3, 40, 700])  # one row per cluster, groups of 4, many
+def test_batch_splits_and_optional_inputs(rng, pattern, N):
+    _check(rng, 7, N, 9, 64, jnp.float32, dict(activation="tanh", bidirectional=N % 2 == 0),
+           pattern=pattern)
+
+
+@requires_gpu
+@pytest.mark.parametrize("H", [300, 512, 1024])  # forward on chip up to 512; 1024 by scan
+def test_sizes_beyond_the_gradient_kernel(rng, H):
+    _check(rng, 4, 6, 8, H, jnp.float32, dict(activation="tanh", reverse=True))
+
+
+@requires_gpu
+@pytest.mark.parametrize("rev,bi", [(False, False), (True, False), (False, True)])
+def test_seq_lengths(rng, rev, bi):
+    lengths = jnp.asarray(rng.integers(0, 9, size=11), jnp.int32)
+    _check(rng, 8, 11, 5, 96, jnp.float32,
+           dict(activation="sigmoid", reverse=rev, bidirectional=bi), mask="bool",
+           lengths=lengths)
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_half_precisions_accumulate_in_float32(rng, dtype):
+    _check(rng, 6, 4, 8, 48, dtype, dict(activation="tanh"))
+
+
+@requires_gpu
+@pytest.mark.parametrize("T,N", [(0, 3), (4, 0)])
+def test_empty_sequence_or_batch(rng, T, N):
+    _check(rng, T, N, 3, 16, jnp.float32, dict(activation="relu"))
+
+
+@requires_gpu
+def test_vmap_of_the_gradient_op_runs_groups(rng):
+    """vmap over the gradient op (G = 3 problems sharing R) against the reference."""
+    inputs = make_inputs(rng, 5, 4, 6, 32, dtype=jnp.float32)
+    x = random_array(rng, (3, 5, 4, 6), jnp.float32)
+    dy = random_array(rng, (3, 5, 4, 32), jnp.float32)
+
+    def grads(fn, x, dy):
+        rest = {k: inputs[k] for k in ("recurrent_weight", "input_weight", "bias", "init_state")}
+        _, z = op(x, **rest, training=True, activation="tanh")
+        return fn(x, rest["recurrent_weight"], dy, z, rest["input_weight"], rest["bias"],
+                  rest["init_state"], activation="tanh")
+
+    got = jax.jit(jax.vmap(lambda x, dy: grads(jax_sgrnn.single_gate_rnn_gradients, x, dy)))
+    want = jax.jit(jax.vmap(lambda x, dy: grads(jax_sgrnn.reference_gradients, x, dy)))
+    assert_close(got(x, dy), want(x, dy))
+
+
+@requires_gpu
+def test_many_training_steps_in_one_jit(rng):
+    """A jitted SGD step run 50 times: the handler inside a real training loop stays equal to
+    the same loop on the reference."""
+    inputs = make_inputs(rng, 12, 8, 10, 64, dtype=jnp.float32)
+    target = random_array(rng, (12, 8, 64), jnp.float32)
+    params = {k: inputs[k] for k in ("recurrent_weight", "input_weight", "bias")}
+
+    def make_step(fn):
+        def loss(p):
+            y = fn(inputs["source"], **p, init_state=inputs["init_state"], activation="tanh")
+            return jnp.mean((y - target) ** 2)
+
+        @jax.jit
+        def step(p):
+            value, g = jax.value_and_grad(loss)(p)
+            return jax.tree.map(lambda a, b: a - 0.1 * b, p, g), value
+
+        return step
+
+    got, want = params, params
+    op_step, ref_step = make_step(op), make_step(ref)
+    losses = []
+    for _ in range(50):
+        got, loss_got = op_step(got)
+        want, _ = ref_step(want)
+        losses.append(float(loss_got))
+    assert losses[-1] < 0.9 * losses[0], losses  # it trains
+    assert_close(got, want, rtol=1e-4, atol=1e-5)  # 50 steps of float32 rounding apart
+
+
+# ---------------------------------------------------------------- lowering (CUDA build only)
+
+@requires_cuda_build
+@pytest.mark.parametrize("H,fwd_call,bwd_call", [(32, True, True), (512, True, False),
+                                                  (1024, False, False)])
+def test_lowering_for_cuda_emits_the_custom_calls_that_fit(rng, H, fwd_call, bwd_call):
+    """Lowered for cuda (no GPU needed): the handler's calls and no while loop where R fits,
+    the lax.scan decomposition where it does not."""
+    inputs = make_inputs(rng, 3, 2, 4, H, dtype=jnp.float32)
+
+    def loss(x, R):
+        return jnp.sum(op(x, R, inputs["input_weight"], inputs["bias"], activation="tanh"))
+
+    forward = _lowered_text(lambda x, R: op(x, R, activation="tanh", training=False),
+                            inputs["source"][..., :1].repeat(H, -1), inputs["recurrent_weight"])
+    both = _lowered_text(jax.grad(loss, argnums=(0, 1)), inputs["source"],
+                         inputs["recurrent_weight"])
+    assert ("jax_sgrnn_cuda_forward" in forward) == fwd_call
+    assert ("stablehlo.while" in forward) != fwd_call
+    assert ("jax_sgrnn_cuda_gradients" in both) == bwd_call
+    assert ("stablehlo.while" in both) != (fwd_call and bwd_call)
+    if fwd_call:  # the projection is XLA's, so the custom call takes no input weight
+        call = re.search(r"jax_sgrnn_cuda_forward.*", both).group(0)
+        assert "has_input_weight = false" in call and "has_bias = false" in call
