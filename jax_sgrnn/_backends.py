@@ -101,6 +101,11 @@ _SPECS = (
 )
 
 
+# The platform names jax.ffi.register_ffi_target takes where they differ from the lowering's:
+# the CUDA plugin registers its handler table under "CUDA".
+_REGISTRATION_PLATFORM = {"cuda": "CUDA"}
+
+
 def _preload_openblas() -> None:
     """Loads scipy-openblas32 by path, so the native module finds it wherever pip put it (the
     module's rpath covers only a shared site-packages). macOS uses Accelerate instead."""
@@ -157,7 +162,8 @@ def _load() -> dict[str, Backend]:
                                f"the target table says {sorted(targets.values())}: the "
                                "extension modules come from different builds; reinstall")
         for target, capsule in registrations.items():
-            jax.ffi.register_ffi_target(target, capsule, platform=spec.platform)
+            jax.ffi.register_ffi_target(
+                target, capsule, platform=_REGISTRATION_PLATFORM.get(spec.platform, spec.platform))
         device = module.device_name() if hasattr(module, "device_name") else None
         fits = getattr(module, "recurrence_fits", None)
         if device == "":

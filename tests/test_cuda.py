@@ -1,7 +1,8 @@
 """The CUDA handler (csrc/cuda) against the lax.scan reference, on an NVIDIA GPU.
 
-Every test here runs on the GPU and is skipped without one (or without the CUDA build). The
-rest of the suite also runs on the GPU when a GPU is JAX's default device (the op lowers to
+Every test here runs on the GPU and is skipped without one (or without the CUDA build); the
+suite runs on CPU unless JAX_PLATFORMS says otherwise, so on a GPU machine run it with
+``JAX_PLATFORMS=cuda,cpu``. The rest of the suite then also runs on the GPU (the op lowers to
 this handler there): test_op.py's flag grid, test_seq_lengths.py, test_transforms.py. The
 lowering checks at the end need only the CUDA build, not a GPU.
 """
