@@ -77,6 +77,7 @@ cmake -S "$REPO" -B "$BUILD/cmake" "${GENERATOR[@]}" \
   -DCMAKE_MODULE_LINKER_FLAGS="-fsanitize=address,undefined" \
   -DCMAKE_SHARED_LINKER_FLAGS="-fsanitize=address,undefined" \
   -DCMAKE_INTERPROCEDURAL_OPTIMIZATION=OFF \
+  -DSGRNN_ENABLE_CUDA=OFF \
   -DPython_EXECUTABLE="$PYTHON" \
   -Dpybind11_DIR="$("$PYTHON" -m pybind11 --cmakedir)" >"$BUILD/configure.log" 2>&1 \
   || { cat "$BUILD/configure.log"; exit 2; }

@@ -46,8 +46,7 @@ def _check(rng, T, N, I, H, dtype, flags, *, mask=None, lengths=None, pattern=(T
     c = random_array(rng, out_shape(inputs, flags.get("bidirectional", False)), dtype)
     flags = dict(flags, seq_lengths=lengths)
     got, want = full_results(op, inputs, c, flags), full_results(ref, inputs, c, flags)
-    tol = {} if dtype in (jnp.float32, jnp.float64) else dict(dtype=jnp.float32)
-    assert_close(got, want, err_msg=str(flags), **tol)
+    assert_close(got, want, err_msg=str(flags))
 
 
 # Hidden sizes around the kernels' splits: one slice per unit (H <= 64 floats), two (128),
@@ -149,7 +148,7 @@ def test_many_training_steps_in_one_jit(rng):
         got, loss_got = op_step(got)
         want, _ = ref_step(want)
         losses.append(float(loss_got))
-    assert losses[-1] < 0.9 * losses[0], losses  # it trains
+    assert all(b < a for a, b in zip(losses, losses[1:])), losses  # it trains
     assert_close(got, want, rtol=1e-4, atol=1e-5)  # 50 steps of float32 rounding apart
 
 
