@@ -124,8 +124,10 @@ def _lower(ctx, *args, config: OpConfig, platform: str, custom_call, decompositi
     backend = backend_for_platform(config.backends, platform)
     gradients = custom_call is _ffi_gradients
     source, weight = ctx.avals_in[:2]
-    if backend is not None and not backend.runs(weight.shape[-1], source.dtype, gradients):
-        backend = None  # R too large for this handler's kernels
+    if backend is not None and not backend.runs(weight.shape[-1], source.shape[-2],
+                                                config.descriptor.directions, source.dtype,
+                                                gradients):
+        backend = None  # sizes this handler's kernels do not run, or run slower
     if backend is None:  # XLA partitions the decomposition like any JAX code
         fn = functools.partial(decomposition, config=config)
     else:

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
+import subprocess
 import zlib
+from pathlib import Path
 
 import jax
 
@@ -295,3 +298,21 @@ def spec_numpy_forward(source, recurrent_weight, input_weight=None, bias=None, i
             z[t_out, :, cols] = zk
             y[t_out, :, cols] = h
     return y, z
+
+
+def run_cpp_unit_test(tmp_path, *sources: str) -> None:
+    """Builds the C++ unit test ``sources`` (paths from the repository root; the first has
+    main()) with the system C++ compiler and runs it: it prints each failed check and
+    "0 of N checks failed" when all pass. Skips where there is no C++ compiler."""
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler (g++ or c++) on PATH")
+    repo = Path(__file__).resolve().parent.parent
+    binary = tmp_path / Path(sources[0]).stem
+    build = subprocess.run([cxx, "-std=c++20", "-Wall", "-Werror", "-I", str(repo / "csrc"),
+                            *(str(repo / s) for s in sources), "-o", str(binary)],
+                           capture_output=True, text=True)
+    assert build.returncode == 0, build.stdout + build.stderr
+    run = subprocess.run([str(binary)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.startswith("0 of "), run.stdout

@@ -155,12 +155,15 @@ def test_many_training_steps_in_one_jit(rng):
 # ---------------------------------------------------------------- lowering (CUDA build only)
 
 @requires_cuda_build
-@pytest.mark.parametrize("H,fwd_call,bwd_call", [(32, True, True), (512, True, False),
-                                                  (1024, False, False)])
-def test_lowering_for_cuda_emits_the_custom_calls_that_fit(rng, H, fwd_call, bwd_call):
-    """Lowered for cuda (no GPU needed): the handler's calls and no while loop where R fits,
-    the lax.scan decomposition where it does not."""
-    inputs = make_inputs(rng, 3, 2, 4, H, dtype=jnp.float32)
+@pytest.mark.parametrize("N,H,fwd_call,bwd_call", [
+    (2, 32, True, True), (2, 512, True, False), (2, 1024, False, False),
+    (500, 256, True, False),  # 8 rows per cluster of 2 (forward), 16 per cluster of 4
+    (3000, 64, False, False)])  # 23 rows per cluster: the decomposition is faster
+def test_lowering_for_cuda_emits_the_custom_calls_that_pay(rng, N, H, fwd_call, bwd_call):
+    """Lowered for cuda (no GPU needed): the handler's calls and no while loop where R fits
+    and the batch is small enough for the kernel to win (recurrence_plan.h, PreferOnChip),
+    the lax.scan decomposition elsewhere."""
+    inputs = make_inputs(rng, 3, N, 4, H, dtype=jnp.float32)
 
     def loss(x, R):
         return jnp.sum(op(x, R, inputs["input_weight"], inputs["bias"], activation="tanh"))

@@ -1,5 +1,5 @@
 // The Python module of the CUDA backend: its registrations() and the question the lowering
-// asks before choosing it (whether a hidden size fits the on-chip recurrence). It imports
+// asks before choosing it (whether the on-chip recurrence runs, and pays, at these sizes). It imports
 // without a GPU or driver (the CUDA runtime is linked statically and loads the driver on first
 // use), so programs can be lowered for cuda anywhere the package was built with nvcc.
 #include <cstdint>
@@ -13,12 +13,10 @@
 PYBIND11_MODULE(_sgrnn_cuda, m) {
   m.doc() = "jax_sgrnn's XLA FFI handlers for the CUDA platform";
   sgrnn::DefineRegistrations(m, sgrnn::kCudaTargets, sgrnn::CudaForward, sgrnn::CudaGradients);
-  m.def(
-      "recurrence_fits",
-      [](int64_t hidden, int64_t itemsize, bool gradients) {
-        return sgrnn::cuda::BlockShape(hidden, itemsize, gradients).has_value();
-      },
-      pybind11::arg("hidden"), pybind11::arg("itemsize"), pybind11::arg("gradients"),
-      "Whether R of this hidden size and element size stays on chip in the forward (or, with "
-      "gradients, the gradient) kernel; larger sizes lower to the lax.scan decomposition.");
+  m.def("recurrence_fits", &sgrnn::cuda::PreferOnChip, pybind11::arg("hidden"),
+        pybind11::arg("batch"), pybind11::arg("directions"), pybind11::arg("itemsize"),
+        pybind11::arg("gradients"),
+        "Whether the forward (or, with gradients, the gradient) kernel holds R of this size on "
+        "chip and is expected to beat the lax.scan decomposition for this batch "
+        "(csrc/cuda/recurrence_plan.h, PreferOnChip); otherwise the lowering uses the latter.");
 }

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <optional>
 
 namespace sgrnn::cuda {
@@ -73,9 +74,10 @@ inline std::optional<RecurrencePlan> PlanRecurrence(int64_t H, int64_t N, int64_
                                                     int64_t max_shared_bytes) {
   std::optional<RecurrencePlan> plan = BlockShape(H, element_bytes, gradients);
   if (!plan || N < 1) return plan;
-  const int64_t blocks_per_row = plan->cluster * D;
-  int64_t rows = std::max<int64_t>(1, (N * blocks_per_row + multiprocessors - 1) /
-                                          std::max<int64_t>(1, multiprocessors));
+  // The fewest rows per cluster whose clusters, whole, fit the device in one wave.
+  const int64_t blocks_per_cluster = plan->cluster * D;
+  const int64_t cluster_slots = std::max<int64_t>(1, multiprocessors / blocks_per_cluster);
+  int64_t rows = (N + cluster_slots - 1) / cluster_slots;
   // Two exchange buffers (double-buffered steps) and one per-unit row state, per row.
   const int64_t per_row = element_bytes * (2 * plan->slices * (plan->slice +
                                                                SlicePadding(element_bytes)) +
@@ -86,6 +88,23 @@ inline std::optional<RecurrencePlan> PlanRecurrence(int64_t H, int64_t N, int64_
   plan->clusters = (N + rows - 1) / rows;
   plan->shared_bytes = rows * per_row;
   return plan;
+}
+
+// Whether to run the on-chip recurrence for N rows and D directions rather than the lax.scan
+// decomposition (whose steps are cuBLAS products). Measured on an H200 (docs/performance.md,
+// "GPU"): the kernel is several times faster while each cluster owns a few rows, level at 4,
+// and slower from 16 (2x at 32, in the gradients), where its per-row work per step outgrows
+// one cuBLAS product over the whole batch. The lowering decides before any GPU is seen, so
+// the rows per cluster are counted for a GPU of kTypicalMultiprocessors SMs (H100, H200).
+inline constexpr int64_t kMaxRowsPerCluster = 8;
+inline constexpr int64_t kTypicalMultiprocessors = 132;
+
+inline bool PreferOnChip(int64_t H, int64_t N, int64_t D, int64_t element_bytes,
+                         bool gradients) {
+  const std::optional<RecurrencePlan> plan =
+      PlanRecurrence(H, N, D, element_bytes, gradients, kTypicalMultiprocessors,
+                     std::numeric_limits<int64_t>::max());
+  return plan && plan->rows <= kMaxRowsPerCluster;
 }
 
 }  // namespace sgrnn::cuda
