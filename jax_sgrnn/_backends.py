@@ -226,15 +226,21 @@ def set_cpu_backend(name: str) -> contextlib.AbstractContextManager[None]:
     ``with jax_sgrnn.set_cpu_backend("mps"): ...``. The choice is read when a function is traced
     and is part of ``jax.jit``'s cache key.
     """
-    previous = get_cpu_backend()
-    jax.config.update(_cpu_backend.name, _check_choice(name, "set_cpu_backend"))
+    return _set_option(_cpu_backend, _check_choice(name, "set_cpu_backend"))
+
+
+def _set_option(option, value) -> contextlib.AbstractContextManager[None]:
+    """Sets a JAX config option from now on; returns a context manager that restores the
+    previous value on exit."""
+    previous = option.value
+    jax.config.update(option.name, value)
 
     @contextlib.contextmanager
     def restore() -> Iterator[None]:
         try:
             yield
         finally:
-            jax.config.update(_cpu_backend.name, previous)
+            jax.config.update(option.name, previous)
 
     return restore()
 
@@ -251,17 +257,7 @@ def use_cuda_handler(on: bool) -> contextlib.AbstractContextManager[None]:
     """Turns the CUDA handler on (the default where the package was built with it) or off
     (the ``lax.scan`` decomposition runs on NVIDIA GPUs instead), from now on; returns a
     context manager that restores the previous setting, like ``set_cpu_backend``."""
-    previous = _cuda_handler.value
-    jax.config.update(_cuda_handler.name, bool(on))
-
-    @contextlib.contextmanager
-    def restore() -> Iterator[None]:
-        try:
-            yield
-        finally:
-            jax.config.update(_cuda_handler.name, previous)
-
-    return restore()
+    return _set_option(_cuda_handler, bool(on))
 
 
 def backends_for(dtype, seq_lengths: bool = False) -> tuple[str, ...]:

@@ -63,15 +63,6 @@ ffi::Error PlanFor(const Dims& d, int64_t element_bytes, bool gradients, Recurre
   return ffi::Error::Success();
 }
 
-template <typename T>
-const T* DataOrNull(bool present, const ffi::AnyBuffer& b) {
-  return present ? reinterpret_cast<const T*>(b.untyped_data()) : nullptr;
-}
-template <typename T>
-T* MutableOrNull(bool present, ffi::AnyBuffer b) {
-  return present ? reinterpret_cast<T*>(b.untyped_data()) : nullptr;
-}
-
 ffi::Error ForwardImpl(ffi::AnyBuffer x, ffi::AnyBuffer R, ffi::AnyBuffer W, ffi::AnyBuffer b,
                        ffi::AnyBuffer h0, ffi::AnyBuffer mask, ffi::AnyBuffer seq_lengths,
                        Config c, ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> z,

@@ -1,5 +1,5 @@
-// What every handler does around its kernels: map C++ exceptions to FFI errors, and run a
-// typed body for the buffers' element type.
+// What every handler does around its kernels: map C++ exceptions to FFI errors, run a typed
+// body for the buffers' element type, and read optional buffers.
 #ifndef JAX_SGRNN_FFI_DISPATCH_H_
 #define JAX_SGRNN_FFI_DISPATCH_H_
 
@@ -56,6 +56,16 @@ ffi::Error DispatchFloat(ffi::DataType dtype, const char* who, F&& body) {
     return ffi::Error(ffi::ErrorCode::kInvalidArgument,
                       std::string("jax_sgrnn: the ") + who + " handler takes " + takes);
   });
+}
+
+// A buffer's data as T, or null for an absent operand (its [0] placeholder is never read).
+template <typename T>
+const T* DataOrNull(bool present, const ffi::AnyBuffer& b) {
+  return present ? reinterpret_cast<const T*>(b.untyped_data()) : nullptr;
+}
+template <typename T>
+T* MutableOrNull(bool present, ffi::AnyBuffer b) {
+  return present ? reinterpret_cast<T*>(b.untyped_data()) : nullptr;
 }
 
 }  // namespace sgrnn

@@ -3,6 +3,8 @@
 // non-zero.
 #include "cuda/recurrence_plan.h"
 
+#include "checks.h"
+
 #include <cstdint>
 #include <cstdio>
 #include <optional>
@@ -12,16 +14,7 @@ namespace {
 
 using namespace sgrnn::cuda;
 
-int failures = 0;
-int checks = 0;
-
-void Check(bool ok, const std::string& what) {
-  ++checks;
-  if (!ok) {
-    ++failures;
-    std::printf("FAILED: %s\n", what.c_str());
-  }
-}
+using unit_test::Check;
 
 std::string Case(int64_t H, int64_t bytes, bool gradients) {
   return "H=" + std::to_string(H) + " bytes=" + std::to_string(bytes) +
@@ -110,6 +103,5 @@ int main() {
   OnChipLimits();
   PlansCoverTheBatch();
   PreferenceFollowsRowsPerCluster();
-  std::printf("%d of %d checks failed\n", failures, checks);
-  return failures == 0 ? 0 : 1;
+  return unit_test::Report();
 }

@@ -2,6 +2,8 @@
 // Built and run by tests/test_mps_plan.py; prints each failed check and exits non-zero.
 #include "metal/mps_plan.h"
 
+#include "checks.h"
+
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -14,16 +16,7 @@ namespace {
 using namespace sgrnn;
 using namespace sgrnn::mps;
 
-int failures = 0;
-int checks = 0;
-
-void Check(bool ok, const std::string& what) {
-  ++checks;
-  if (!ok) {
-    ++failures;
-    std::printf("FAILED: %s\n", what.c_str());
-  }
-}
+using unit_test::Check;
 
 std::string Str(const std::vector<int64_t>& v) {
   std::string s = "[";
@@ -351,6 +344,5 @@ int main() {
   TestElementTypes();
   TestEmptyProblem();
   TestUnsupported();
-  std::printf("%d of %d checks failed\n", failures, checks);
-  return failures == 0 ? 0 : 1;
+  return unit_test::Report();
 }
