@@ -34,6 +34,15 @@ CHECK = textwrap.dedent("""
             for got, want in zip(jax.grad(loss(jax_sgrnn.single_gate_rnn), argnums=(0, 1, 2, 3, 4))(*args),
                                  jax.grad(loss(jax_sgrnn.reference), argnums=(0, 1, 2, 3, 4))(*args)):
                 np.testing.assert_allclose(got, want, rtol=tol, atol=tol, err_msg=str((dtype, kw)))
+    # The packed per-step product's tiles: 1-8 rows (one or two panels per tile, by build) and
+    # panel counts even and odd, last panel partial (H = 70, 100 against 16- and 32-column panels).
+    for N, H in itertools.product([1, 2, 3, 8], [70, 100]):
+        a = lambda *s, scale=1.0: jnp.asarray(rng.normal(size=s) * scale, np.float32)
+        args = (a(3, N, 4), a(H, H, scale=0.5 / H ** 0.5), a(H, 4), a(H), a(N, H))
+        loss = lambda f: lambda *p: jnp.sum(jnp.sin(f(*p, activation="tanh")))
+        for got, want in zip(jax.grad(loss(jax_sgrnn.single_gate_rnn), argnums=(0, 1, 2))(*args),
+                             jax.grad(loss(jax_sgrnn.reference), argnums=(0, 1, 2))(*args)):
+            np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5, err_msg=str((N, H)))
     # Saturation and NaN, where the builds' rational tanh differs most.
     x = jnp.asarray([[[1e30]], [[-1e30]], [[jnp.nan]]], jnp.float32)
     for act in ["tanh", "sigmoid", "relu", "hard_sigmoid"]:

@@ -45,11 +45,11 @@ void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double al
 // width and tile follow the instruction set this file is compiled for (kernels.h).
 
 #if defined(__AVX512F__)
-constexpr int kLanes = 16, kRowBlock = 8;  // 16 of the 32 zmm registers accumulate
+constexpr int kLanes = 16, kRowBlock = 8, kRegisters = 32;  // 16 zmm accumulate
 #elif defined(__AVX2__)
-constexpr int kLanes = 8, kRowBlock = 6;  // 12 of the 16 ymm registers accumulate
+constexpr int kLanes = 8, kRowBlock = 6, kRegisters = 16;  // 12 ymm accumulate
 #else
-constexpr int kLanes = 4, kRowBlock = 4;  // SSE2: 8 of the 16 xmm registers accumulate
+constexpr int kLanes = 4, kRowBlock = 4, kRegisters = 16;  // SSE2: 8 xmm accumulate
 #endif
 constexpr int kPanel = 2 * kLanes;
 typedef float Lanes __attribute__((vector_size(kLanes * sizeof(float))));
@@ -58,19 +58,28 @@ typedef float Lanes __attribute__((vector_size(kLanes * sizeof(float))));
 // OpenBLAS to amortise its packing (measured: benchmarks/bench_cpu.py, docs/performance.md).
 constexpr int64_t kPackedMaxRows = 32;
 
-// Rows [0, kRows) of A (row stride lda) times one packed panel: out[r][c] = sum_k A[r,k] B[k,c].
+// Panels one tile covers for a block of kRows rows: two when their accumulators, the four
+// vectors of B and a broadcast fit the registers (few rows), so that each load of A and each
+// loop step feed twice the multiply-adds; else one.
 template <int kRows>
-void PanelTile(const float* a, int64_t lda, const float* panel, int64_t K,
-               float (&out)[kRows][kPanel]) {
-  Lanes acc[kRows][2] = {};
+constexpr int kTilePanels = 4 * kRows + 5 <= kRegisters ? 2 : 1;
+
+// Rows [0, kRows) of A (row stride lda) times kPanels adjacent packed panels (each H rows of
+// kPanel, `panel_stride` floats apart): out[r][c] = sum_k A[r,k] B[k,c].
+template <int kRows, int kPanels>
+void PanelTile(const float* a, int64_t lda, const float* panel, int64_t panel_stride, int64_t K,
+               float (&out)[kRows][kPanels * kPanel]) {
+  Lanes acc[kRows][2 * kPanels] = {};
   for (int64_t k = 0; k < K; ++k) {
-    Lanes b0, b1;
-    __builtin_memcpy(&b0, panel + k * kPanel, sizeof b0);
-    __builtin_memcpy(&b1, panel + k * kPanel + kLanes, sizeof b1);
+    Lanes b[2 * kPanels];
+    for (int q = 0; q < kPanels; ++q) {
+      __builtin_memcpy(&b[2 * q], panel + q * panel_stride + k * kPanel, sizeof(Lanes));
+      __builtin_memcpy(&b[2 * q + 1], panel + q * panel_stride + k * kPanel + kLanes,
+                       sizeof(Lanes));
+    }
     for (int r = 0; r < kRows; ++r) {
       const float s = a[r * lda + k];
-      acc[r][0] += s * b0;
-      acc[r][1] += s * b1;
+      for (int v = 0; v < 2 * kPanels; ++v) acc[r][v] += s * b[v];
     }
   }
   __builtin_memcpy(out, acc, sizeof out);
@@ -127,12 +136,21 @@ class StepProduct {
     for (int64_t b = 0; b < blocks; ++b) {
       const int64_t r0 = m * b / blocks;
       DispatchRows(m * (b + 1) / blocks - r0, [&]<int kRows>() {
-        for (int64_t c0 = 0; c0 < H_; c0 += kPanel) {
-          float tile[kRows][kPanel];
-          PanelTile<kRows>(a + r0 * lda, lda, panels_.data() + c0 * H_, H_, tile);
-          const int64_t width = std::min<int64_t>(kPanel, H_ - c0);
-          for (int r = 0; r < kRows; ++r) std::copy_n(tile[r], width, out + (r0 + r) * H_ + c0);
-        }
+        int64_t c0 = 0;
+        const auto tiles = [&]<int kPanels>() {
+          for (; c0 + (kPanels - 1) * kPanel < H_; c0 += kPanels * kPanel) {
+            float tile[kRows][kPanels * kPanel];
+            PanelTile<kRows, kPanels>(a + r0 * lda, lda, panels_.data() + c0 * H_, H_ * kPanel,
+                                      H_, tile);
+            const int64_t width = std::min<int64_t>(kPanels * kPanel, H_ - c0);
+            for (int r = 0; r < kRows; ++r) {
+              std::copy_n(tile[r], width, out + (r0 + r) * H_ + c0);
+            }
+          }
+        };
+        constexpr int kPanels = kTilePanels<kRows>;
+        tiles.template operator()<kPanels>();  // whole groups of kPanels panels
+        if constexpr (kPanels > 1) tiles.template operator()<1>();  // a last odd panel
         for (int r = 0; r < kRows; ++r) epilogue(r0 + r, out + (r0 + r) * H_);
       });
     }
