@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
+import functools
 import importlib
 import os
 import sys
@@ -258,6 +259,19 @@ def use_cuda_handler(on: bool) -> contextlib.AbstractContextManager[None]:
     (the ``lax.scan`` decomposition runs on NVIDIA GPUs instead), from now on; returns a
     context manager that restores the previous setting, like ``set_cpu_backend``."""
     return _set_option(_cuda_handler, bool(on))
+
+
+@functools.cache
+def cuda_devices_run_handler() -> bool:
+    """Whether this process's NVIDIA GPUs, if it has any, can run the CUDA handler's kernels
+    (compute capability 9.0 or later: they use thread-block clusters). With no GPU (lowering
+    for ``cuda`` on another machine) it answers True. Asked at lowering time, not at import,
+    so that importing the package does not start JAX's backends."""
+    try:
+        devices = jax.devices("cuda")
+    except RuntimeError:  # no CUDA backend in this process
+        return True
+    return all(tuple(map(int, d.compute_capability.split("."))) >= (9, 0) for d in devices)
 
 
 def backends_for(dtype, seq_lengths: bool = False) -> tuple[str, ...]:

@@ -179,3 +179,21 @@ def test_lowering_for_cuda_emits_the_custom_calls_that_pay(rng, N, H, fwd_call, 
     if fwd_call:  # the projection is XLA's, so the custom call takes no input weight
         call = re.search(r"jax_sgrnn_cuda_forward.*", both).group(0)
         assert "has_input_weight = false" in call and "has_bias = false" in call
+
+
+@requires_cuda_build
+def test_gpus_older_than_sm90_lower_to_the_decomposition(rng, monkeypatch):
+    """Where the process's GPUs cannot run the kernels (thread-block clusters need sm_90), the
+    op lowers to the decomposition instead of failing at run time."""
+    from jax_sgrnn import _lowering
+
+    inputs = make_inputs(rng, 3, 2, 4, 32, dtype=jnp.float32)
+    args = (inputs["source"], inputs["recurrent_weight"], inputs["input_weight"])
+
+    def forward(x, R, W):
+        return op(x, R, W, activation="tanh")
+
+    assert "jax_sgrnn_cuda_forward" in _lowered_text(forward, *args)
+    monkeypatch.setattr(_lowering, "cuda_devices_run_handler", lambda: False)
+    text = _lowered_text(lambda *a: forward(*a), *args)  # a new function: not the cached lowering
+    assert "jax_sgrnn_cuda_forward" not in text and "stablehlo.while" in text
