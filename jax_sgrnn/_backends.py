@@ -54,8 +54,9 @@ class Backend:
       targets: ``"forward"`` / ``"gradients"`` -> FFI target name.
       recurrence_only: its handler takes the projected source; the lowering applies the input
         weight and bias and computes dW, db and dx with XLA around it.
-      fits: ``(hidden, batch, directions, itemsize, gradients) -> bool``: whether its handler
-        runs (and pays at) those sizes; a call that does not fit lowers to the decomposition.
+      fits: ``(steps, hidden, batch, directions, itemsize, gradients) -> bool``: whether its
+        handler runs (and pays at) those sizes; a call that does not fit lowers to the
+        decomposition.
         None: every size.
     """
 
@@ -71,12 +72,13 @@ class Backend:
     device: Optional[str] = None
     targets: Mapping[str, str] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
     recurrence_only: bool = False
-    fits: Optional[Callable[[int, int, int, int, bool], bool]] = None
+    fits: Optional[Callable[[int, int, int, int, int, bool], bool]] = None
 
-    def runs(self, hidden: int, batch: int, directions: int, dtype, gradients: bool) -> bool:
+    def runs(self, steps: int, hidden: int, batch: int, directions: int, dtype,
+             gradients: bool) -> bool:
         """Whether its handler runs a call of these sizes in ``dtype`` (the forward, or with
         ``gradients`` the gradient op)."""
-        return self.fits is None or self.fits(hidden, batch, directions,
+        return self.fits is None or self.fits(steps, hidden, batch, directions,
                                               self.compute_dtype(dtype).itemsize, gradients)
 
     def compute_dtype(self, dtype) -> np.dtype:

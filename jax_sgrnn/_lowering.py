@@ -124,9 +124,9 @@ def _lower(ctx, *args, config: OpConfig, platform: str, custom_call, decompositi
     backend = backend_for_platform(config.backends, platform)
     gradients = custom_call is _ffi_gradients
     source, weight = ctx.avals_in[:2]
-    if backend is not None and not backend.runs(weight.shape[-1], source.shape[-2],
-                                                config.descriptor.directions, source.dtype,
-                                                gradients):
+    if backend is not None and not backend.runs(source.shape[-3], weight.shape[-1],
+                                                source.shape[-2], config.descriptor.directions,
+                                                source.dtype, gradients):
         backend = None  # sizes this handler's kernels do not run, or run slower
     if backend is not None and backend.name == "cuda" and not cuda_devices_run_handler():
         backend = None  # GPUs older than sm_90 (no thread-block clusters)

@@ -51,6 +51,12 @@ ffi::Error PlanFor(const Dims& d, int64_t element_bytes, bool gradients, Recurre
     err = cudaDeviceGetAttribute(&shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
   }
   if (err != cudaSuccess) return CudaError(err, "device query");
+  if (!IndexesFit(d.T, d.N, d.D, d.H)) {
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                      "jax_sgrnn: the CUDA handler indexes [T, N, D*H] with 32-bit integers, and "
+                      "T*N*D*H = " + std::to_string(d.T * d.N * d.D * d.H) +
+                          " does not fit (the lowering uses the lax.scan decomposition for it)");
+  }
   const std::optional<RecurrencePlan> plan = PlanRecurrence(
       d.H, d.N, d.D, element_bytes, gradients, multiprocessors, shared);
   if (!plan) {

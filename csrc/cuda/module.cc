@@ -13,7 +13,8 @@
 PYBIND11_MODULE(_sgrnn_cuda, m) {
   m.doc() = "jax_sgrnn's XLA FFI handlers for the CUDA platform";
   sgrnn::DefineRegistrations(m, sgrnn::kCudaTargets, sgrnn::CudaForward, sgrnn::CudaGradients);
-  m.def("recurrence_fits", &sgrnn::cuda::PreferOnChip, pybind11::arg("hidden"),
+  m.def("recurrence_fits", &sgrnn::cuda::PreferOnChip, pybind11::arg("steps"),
+        pybind11::arg("hidden"),
         pybind11::arg("batch"), pybind11::arg("directions"), pybind11::arg("itemsize"),
         pybind11::arg("gradients"),
         "Whether the forward (or, with gradients, the gradient) kernel holds R of this size on "

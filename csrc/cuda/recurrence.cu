@@ -20,39 +20,69 @@ namespace {
 
 namespace cg = ::cooperative_groups;
 
-// Per-launch sizes, from the plan.
+// Per-launch sizes, from the plan. Element indices are 32-bit (IndexesFit).
 struct Geometry {
-  int64_t T, N, H, D;
+  int T, N, H, D;
   int slices, cluster, units, rows;
-  int stride;  // elements from one slice of the exchange buffer to the next (slice + padding)
-  int64_t exchange;  // elements of one exchange buffer
+  int stride;    // elements from one slice of the exchange buffer to the next (slice + padding)
+  int exchange;  // elements of one exchange buffer
 
-  __device__ int64_t ExchangeIndex(int64_t row, int64_t unit, int slice) const {
-    return (row * slices + unit / slice) * stride + unit % slice;
-  }
+  // Elements from one time step to the next in [T, N, D*H] tensors.
+  __device__ int StepStride() const { return N * D * H; }
 };
 
 template <typename T>
-__device__ inline T MaskAt(const MaskView<T>& m, int64_t k, int64_t n, int64_t col) {
-  return m.data ? m.data[k * m.t_stride + n * m.n_stride + col * m.h_stride] : T(1);
+__device__ inline const T* MaskPointer(const MaskView<T>& m, int k, int n, int col) {
+  return m.data + k * static_cast<int>(m.t_stride) + n * static_cast<int>(m.n_stride) +
+         col * static_cast<int>(m.h_stride);
+}
+template <typename T>
+__device__ inline T MaskAt(const MaskView<T>& m, int k, int n, int col) {
+  return m.data ? *MaskPointer(m, k, n, col) : T(1);
 }
 
-// Where processing step k of a row with `length` valid steps reads its source (in_time) and
-// stores its outputs (slot); padded steps (k >= length) stay at k.
+// Where processing step k >= 0 of a row with `length` valid steps reads its source (in_time)
+// and stores its outputs (slot); padded steps (k >= length) stay at k.
 struct StepTimes {
-  int64_t in_time, slot;
+  int in_time, slot;
   bool valid;
 };
-__device__ inline StepTimes TimesOf(const DirectionLayout& layout, int64_t k, int64_t length) {
+__device__ inline StepTimes TimesOf(const DirectionLayout& layout, int k, int length) {
   const bool valid = k < length;
-  const int64_t flipped = length - 1 - k;
+  const int flipped = length - 1 - k;
   return {layout.read_reversed && valid ? flipped : k, layout.store_flipped && valid ? flipped : k,
           valid};
 }
 
+// Asynchronous copies from global into shared memory (cp.async, sm_80 and later): a step's
+// operands are requested kPrefetchDepth - 1 steps before it runs, so that their latency hides
+// behind the steps between instead of stalling the step's critical path. Each owner thread
+// fetches, waits for and reads only its own entries, so no barrier is needed for them.
+template <typename T>
+__device__ inline void CopyAsync(T* shared, const T* global) {
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8);
+  const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(shared));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(address), "l"(global),
+               "n"(sizeof(T))
+               : "memory");
+}
+__device__ inline void CommitCopies() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// Waits until at most kPrefetchDepth - 1 groups (the later steps') are still in flight.
+__device__ inline void WaitForStepCopies() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPrefetchDepth - 1) : "memory");
+}
+template <typename T>
+__device__ inline void FetchOr(T* slot, const T* global, bool fetch, T otherwise) {
+  if (fetch) {
+    CopyAsync(slot, global);
+  } else {
+    *slot = otherwise;
+  }
+}
+
 // Writes `value` at `index` of the exchange buffer `buffer` in every block of the cluster.
 template <typename T>
-__device__ inline void Broadcast(T* buffer, int64_t index, T value, int cluster) {
+__device__ inline void Broadcast(T* buffer, int index, T value, int cluster) {
   if (cluster == 1) {
     buffer[index] = value;
     return;
@@ -82,14 +112,14 @@ struct alignas(16) Vector16 {
   T v[16 / sizeof(T)];
 };
 
-// acc[g] = sum_i rows[g][i] w[i] over this thread's slice, for kGroup rows at once; with
-// kAccumulate, also dR[i] += rows[g][i] hm[g]. One row alone splits its sum into 4 chains so
-// that FMA latency does not serialise it.
-template <typename T, int kSlice, int kGroup, bool kAccumulate>
-__device__ inline void SliceProducts(const T* const (&rows)[kGroup], const T (&w)[kSlice],
-                                     const T (&hm)[kGroup], T (&dR)[kSlice], T (&acc)[kGroup]) {
+// acc[g] = sum_i rows[g][i] w[i] over this thread's slice, for kGroup rows at once, calling
+// also(i, g, rows[g][i]) on every element read (the gradients accumulate dR there). One row
+// alone splits its sum into 4 or 8 chains so that FMA latency does not serialise it.
+template <typename T, int kSlice, int kGroup, typename F>
+__device__ __forceinline__ void SliceProducts(const T* const (&rows)[kGroup],
+                                              const T (&w)[kSlice], T (&acc)[kGroup], F&& also) {
   constexpr int kVec = 16 / sizeof(T);
-  constexpr int kChains = kGroup == 1 ? 4 : 1;
+  constexpr int kChains = kGroup == 1 ? (kSlice >= 64 ? 8 : 4) : 1;
   T part[kGroup][kChains];
 #pragma unroll
   for (int g = 0; g < kGroup; ++g) {
@@ -105,7 +135,7 @@ __device__ inline void SliceProducts(const T* const (&rows)[kGroup], const T (&w
       for (int e = 0; e < kVec; ++e) {
         const int i = v * kVec + e;
         part[g][i % kChains] += h.v[e] * w[i];
-        if constexpr (kAccumulate) dR[i] += h.v[e] * hm[g];
+        also(i, g, h.v[e]);
       }
     }
   }
@@ -117,90 +147,163 @@ __device__ inline void SliceProducts(const T* const (&rows)[kGroup], const T (&w
   }
 }
 
-// The thread's place in the launch.
+// The thread's place in the launch, and the per-thread constants of its step work.
+template <int kSlice>
 struct Place {
   int rank, direction;
-  int64_t row0;  // first batch row of the cluster
-  int rows;      // its rows (the last cluster may have fewer than plan.rows)
+  int row0;  // first batch row of the cluster
+  int rows;  // its rows (the last cluster may have fewer than plan.rows)
   int unit_in_block, slice;
-  int64_t unit;  // hidden unit j within the direction
+  int unit;  // hidden unit j within the direction
   bool has_unit, owner;
-  int64_t column;  // d*H + j in [*, D*H] tensors
+  int column;      // d*H + j in [*, D*H] tensors
+  int row_stride;  // D*H
+  int first;       // row0's element of this column in [N, D*H]
+  int exchange_row, exchange_unit;  // exchange buffer: elements per row; this unit's entry
+  int read_offset;  // exchange buffer: this thread's slice of row 0
 
-  __device__ Place(const Geometry& g) {
+  __device__ explicit Place(const Geometry& g) {
     rank = blockIdx.x % g.cluster;
     direction = blockIdx.y;
-    row0 = static_cast<int64_t>(blockIdx.x / g.cluster) * g.rows;
-    rows = static_cast<int>(min(static_cast<int64_t>(g.rows), g.N - row0));
+    row0 = (blockIdx.x / g.cluster) * g.rows;
+    rows = min(g.rows, g.N - row0);
     unit_in_block = threadIdx.x / g.slices;
     slice = threadIdx.x % g.slices;
-    unit = static_cast<int64_t>(rank) * g.units + unit_in_block;
+    unit = rank * g.units + unit_in_block;
     has_unit = unit_in_block < g.units && unit < g.H;
     owner = has_unit && slice == 0;
     column = direction * g.H + unit;
+    row_stride = g.D * g.H;
+    first = row0 * row_stride + column;
+    exchange_row = g.slices * g.stride;
+    exchange_unit = (unit / kSlice) * g.stride + unit % kSlice;
+    read_offset = slice * g.stride;
+  }
+  // Element (row row0 + b, this column) of [N, D*H]; add t * StepStride() for [T, N, D*H].
+  __device__ int Offset(int b) const { return first + b * row_stride; }
+};
+
+// This thread's kSlice entries of R in registers: row j (forward) or column j (gradients) of
+// its direction's R, zero beyond H.
+template <typename T, int kSlice>
+__device__ inline void LoadSlice(T (&w)[kSlice], const T* R, const Place<kSlice>& p,
+                                 const Geometry& g, bool column) {
+  const T* R_d = R + p.direction * g.H * g.H;
+#pragma unroll
+  for (int i = 0; i < kSlice; ++i) {
+    const int k = p.slice * kSlice + i;
+    w[i] = p.has_unit && k < g.H ? R_d[column ? k * g.H + p.unit : p.unit * g.H + k] : T(0);
+  }
+}
+
+// A block's shared memory, laid out as recurrence_plan.h's SharedBytesPerRow counts it. The
+// exchange buffers start zeroed (entries past H meet zero weights, and must not be NaN).
+template <typename T>
+struct BlockMemory {
+  T* exchange;  // two buffers of Geometry::exchange elements: step k reads buffer k & 1
+  T* state;     // [rows][units]: the owners' h (forward) or dL/dh_{k-1} (gradients)
+  T* ring;      // [kPrefetchDepth][fields][rows][units]: prefetched step operands
+  T* hm;        // gradients: [2][rows][units], h_{k-1} m_k for step k's products
+  int32_t* length;  // [rows]: each row's valid steps
+  int exchange_elements, units, field_stride, slot_stride;
+
+  template <int kSlice>
+  __device__ BlockMemory(const Geometry& g, const Place<kSlice>& p, const int32_t* seq_lengths,
+                         bool gradients)
+      : exchange_elements(g.exchange), units(g.units), field_stride(g.rows * g.units),
+        slot_stride(static_cast<int>(PrefetchFields(gradients)) * g.rows * g.units) {
+    extern __shared__ __align__(16) unsigned char shared_bytes[];
+    exchange = reinterpret_cast<T*>(shared_bytes);
+    state = exchange + 2 * g.exchange;
+    ring = state + field_stride;
+    hm = ring + kPrefetchDepth * slot_stride;
+    length = reinterpret_cast<int32_t*>(hm + (gradients ? 2 * field_stride : 0));
+    for (int i = threadIdx.x; i < 2 * g.exchange; i += blockDim.x) exchange[i] = T(0);
+    for (int b = threadIdx.x; b < p.rows; b += blockDim.x) {
+      length[b] = static_cast<int32_t>(RowLength(seq_lengths, p.row0 + b, g.T));
+    }
+  }
+  __device__ T* Exchange(int k) const { return exchange + (k & 1) * exchange_elements; }
+  __device__ T& State(int b, int unit) const { return state[b * units + unit]; }
+  // Field f of the operands in ring slot `slot` (RingSlots), at (row b, unit).
+  __device__ T& Ring(int slot, int f, int b, int unit) const {
+    return ring[slot * slot_stride + f * field_stride + b * units + unit];
+  }
+  __device__ T& Hm(int k, int b, int unit) const {
+    return hm[(k & 1) * field_stride + b * units + unit];
   }
 };
 
-template <typename T>
-__device__ inline T* ZeroShared(int64_t elements) {
-  extern __shared__ __align__(16) unsigned char shared_bytes[];
-  T* shared = reinterpret_cast<T*>(shared_bytes);
-  for (int64_t i = threadIdx.x; i < elements; i += blockDim.x) shared[i] = T(0);
-  return shared;
-}
-
-template <typename T, Activation A, int kGroup>
-__global__ void __launch_bounds__(kMaxThreads)
-    ForwardKernel(Config c, Geometry g, ForwardArgs<T> a) {
-  constexpr int kSlice = SliceLength(sizeof(T), false);
-  const Place p(g);
-  const int64_t DH = g.D * g.H, N = g.N;
-  T* exchange = ZeroShared<T>(2 * g.exchange + static_cast<int64_t>(g.rows) * g.units);
-  T* state = exchange + 2 * g.exchange;  // [rows][units]: the owners' unmasked h
-  const DirectionLayout layout = LayoutOf(c, p.direction);
-
-  T w[kSlice];  // row j of R
-  const T* R = a.R + p.direction * g.H * g.H;
-#pragma unroll
-  for (int i = 0; i < kSlice; ++i) {
-    const int64_t k = static_cast<int64_t>(p.slice) * kSlice + i;
-    w[i] = p.has_unit && k < g.H ? R[p.unit * g.H + k] : T(0);
+// The ring slots of the step being run and of the step being fetched (kPrefetchDepth - 1
+// later); the first kPrefetchDepth - 1 steps are fetched into slots 0, 1, ... before the loop.
+struct RingSlots {
+  int run = 0, fetch = kPrefetchDepth - 1;
+  __device__ void Advance() {
+    run = run + 1 == kPrefetchDepth ? 0 : run + 1;
+    fetch = fetch + 1 == kPrefetchDepth ? 0 : fetch + 1;
   }
-  T unused[kSlice], no_hm[kGroup];
-  StepBarrier(g.cluster);  // every block's buffers are zero before any block writes into them
+};
 
-  if (p.owner && g.T > 0) {
+template <typename T, Activation A, int kGroup, bool kWide>
+__global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
+    ForwardKernel(Config c, Geometry g, ForwardArgs<T> a) {
+  constexpr int kSlice = SliceLength(sizeof(T), false, kWide);
+  const Place<kSlice> p(g);
+  const BlockMemory<T> mem(g, p, a.seq_lengths, false);
+  const DirectionLayout layout = LayoutOf(c, p.direction);
+  const int step = g.StepStride(), u = p.unit_in_block;
+  T w[kSlice];  // row j of R
+  LoadSlice(w, a.R, p, g, false);
+
+  // Step k's operands (ring fields): 0, its source; 1, the mask its output is sent with (step
+  // k + 1's; not fetched without a mask).
+  const auto fetch = [&](int k, int slot) {
+    if (p.owner && k < g.T) {
+      for (int b = 0; b < p.rows; ++b) {
+        const StepTimes t = TimesOf(layout, k, mem.length[b]);
+        FetchOr(&mem.Ring(slot, 0, b, u), a.source + t.in_time * step + p.Offset(b), t.valid,
+                T(0));
+        if (a.mask.data && k + 1 < g.T) {
+          CopyAsync(&mem.Ring(slot, 1, b, u), MaskPointer(a.mask, k + 1, p.row0 + b, p.column));
+        }
+      }
+    }
+    CommitCopies();
+  };
+  StepBarrier(g.cluster);  // every block's buffers are zero before any block writes into them
+  for (int k = 0; k < kPrefetchDepth - 1; ++k) fetch(k, k);
+
+  if (p.owner) {
     for (int b = 0; b < p.rows; ++b) {
-      const int64_t n = p.row0 + b;
-      const T h = a.h0 ? a.h0[n * DH + p.column] : T(0);
-      state[b * g.units + p.unit_in_block] = h;
-      Broadcast(exchange, g.ExchangeIndex(b, p.unit, kSlice), h * MaskAt(a.mask, 0, n, p.column),
-                g.cluster);
+      const T h = a.h0 ? a.h0[p.Offset(b)] : T(0);
+      mem.State(b, u) = h;
+      Broadcast(mem.Exchange(0), b * p.exchange_row + p.exchange_unit,
+                h * MaskAt(a.mask, 0, p.row0 + b, p.column), g.cluster);
     }
   }
   StepBarrier(g.cluster);
 
-  for (int64_t k = 0; k < g.T; ++k) {
-    const T* current = exchange + (k & 1) * g.exchange;
-    T* next = exchange + ((k + 1) & 1) * g.exchange;
+  RingSlots slots;
+  for (int k = 0; k < g.T; ++k, slots.Advance()) {
+    fetch(k + kPrefetchDepth - 1, slots.fetch);
+    WaitForStepCopies();
+    const T* current = mem.Exchange(k) + p.read_offset;
     for (int b0 = 0; b0 < p.rows; b0 += kGroup) {
-      // The owners' loads go out before the products, so their latency hides behind them.
+      // The owners' operands are read before the products, so their latency hides behind them.
       const T* rows[kGroup];
       T input[kGroup], mask_next[kGroup];
       StepTimes times[kGroup];
 #pragma unroll
       for (int r = 0; r < kGroup; ++r) {
         const int b = min(b0 + r, p.rows - 1);
-        const int64_t n = p.row0 + b;
-        rows[r] = current + (static_cast<int64_t>(b) * g.slices + p.slice) * g.stride;
-        times[r] = TimesOf(layout, k, RowLength(a.seq_lengths, n, g.T));
-        input[r] = p.owner && times[r].valid ? a.source[(times[r].in_time * N + n) * DH + p.column]
-                                             : T(0);
-        mask_next[r] = p.owner && k + 1 < g.T ? MaskAt(a.mask, k + 1, n, p.column) : T(1);
-        no_hm[r] = T(0);
+        rows[r] = current + b * p.exchange_row;
+        if (!p.owner) continue;
+        times[r] = TimesOf(layout, k, mem.length[b]);
+        input[r] = mem.Ring(slots.run, 0, b, u);
+        mask_next[r] = a.mask.data && k + 1 < g.T ? mem.Ring(slots.run, 1, b, u) : T(1);
       }
       T acc[kGroup];
-      SliceProducts<T, kSlice, kGroup, false>(rows, w, no_hm, unused, acc);
+      SliceProducts<T, kSlice, kGroup>(rows, w, acc, [](int, int, T) {});
 #pragma unroll
       for (int r = 0; r < kGroup; ++r) acc[r] = SumOverSlices(acc[r], g.slices);
       if (!p.owner) continue;
@@ -208,19 +311,20 @@ __global__ void __launch_bounds__(kMaxThreads)
       for (int r = 0; r < kGroup; ++r) {
         const int b = b0 + r;
         if (b >= p.rows) break;
-        const int64_t n = p.row0 + b, out = (times[r].slot * N + n) * DH + p.column;
-        T& h_state = state[b * g.units + p.unit_in_block];
+        const int out = times[r].slot * step + p.Offset(b);
+        T& h = mem.State(b, u);
         if (times[r].valid) {
           const T z = input[r] + acc[r];
-          h_state = Activate<A>(z);
-          a.y[out] = h_state;
+          h = Activate<A>(z);
+          a.y[out] = h;
           if (a.z) a.z[out] = z;
         } else {  // a finished row keeps its state and gives zeros
           a.y[out] = T(0);
           if (a.z) a.z[out] = T(0);
         }
         if (k + 1 < g.T) {
-          Broadcast(next, g.ExchangeIndex(b, p.unit, kSlice), h_state * mask_next[r], g.cluster);
+          Broadcast(mem.Exchange(k + 1), b * p.exchange_row + p.exchange_unit,
+                    h * mask_next[r], g.cluster);
         }
       }
     }
@@ -228,71 +332,94 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
 }
 
-template <typename T, Activation A, int kGroup>
-__global__ void __launch_bounds__(kMaxThreads)
+template <typename T, Activation A, int kGroup, bool kWide>
+__global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
     GradientsKernel(Config c, Geometry g, GradientArgs<T> a, int64_t cluster_stride) {
-  constexpr int kSlice = SliceLength(sizeof(T), true);
-  const Place p(g);
-  const int64_t DH = g.D * g.H, N = g.N;
-  T* exchange = ZeroShared<T>(2 * g.exchange + static_cast<int64_t>(g.rows) * g.units);
-  T* carry = exchange + 2 * g.exchange;  // [rows][units]: dL/dh_{k-1} at the owners
+  constexpr int kSlice = SliceLength(sizeof(T), true, kWide);
+  const Place<kSlice> p(g);
+  const BlockMemory<T> mem(g, p, a.seq_lengths, true);
   const DirectionLayout layout = LayoutOf(c, p.direction);
-
+  const int step = g.StepStride(), u = p.unit_in_block;
   T w[kSlice], dR[kSlice];  // column j of R, and this thread's share of dR's column j
-  const T* R = a.R + p.direction * g.H * g.H;
+  LoadSlice(w, a.R, p, g, true);
 #pragma unroll
-  for (int i = 0; i < kSlice; ++i) {
-    const int64_t k = static_cast<int64_t>(p.slice) * kSlice + i;
-    w[i] = p.has_unit && k < g.H ? R[k * g.H + p.unit] : T(0);
-    dR[i] = T(0);
-  }
-  StepBarrier(g.cluster);
+  for (int i = 0; i < kSlice; ++i) dR[i] = T(0);
 
-  // dz_k = (dy + carry) act'(z) at one owner's unit of row b (zero at padded steps), stored
-  // and sent to every block of the cluster for step k's products.
-  const auto send_dz = [&](int64_t k, int b, const StepTimes& t, T z, T dy, T carry_value) {
-    const T dz = t.valid ? (dy + carry_value) * ActivateGrad<A>(z, Activate<A>(z)) : T(0);
-    a.d_source[(t.in_time * N + p.row0 + b) * DH + p.column] = dz;
-    Broadcast(exchange + (k & 1) * g.exchange, g.ExchangeIndex(b, p.unit, kSlice), dz,
-              g.cluster);
+  // Steps run in descending k; the i-th processed is k = T - 1 - i. Step k's operands (ring
+  // fields): 0, its mask; 1 and 2, z and dy of step k - 1 (for dz_{k-1}); 3 and 4, the mask of
+  // step k - 1 and z of step k - 2 (for h_{k-2} m_{k-1}). z and dy are zero at padded steps;
+  // the masks are not fetched without a mask.
+  const auto fetch = [&](int k, int i) {  // i: the ring slot
+    if (p.owner && k >= 0) {
+      for (int b = 0; b < p.rows; ++b) {
+        const int n = p.row0 + b, length = mem.length[b];
+        if (a.mask.data) CopyAsync(&mem.Ring(i, 0, b, u), MaskPointer(a.mask, k, n, p.column));
+        if (k < 1) continue;
+        const StepTimes prev = TimesOf(layout, k - 1, length);
+        const int prev_at = prev.slot * step + p.Offset(b);
+        FetchOr(&mem.Ring(i, 1, b, u), a.z + prev_at, prev.valid, T(0));
+        FetchOr(&mem.Ring(i, 2, b, u), a.dy + prev_at, prev.valid, T(0));
+        if (a.mask.data) {
+          CopyAsync(&mem.Ring(i, 3, b, u), MaskPointer(a.mask, k - 1, n, p.column));
+        }
+        const StepTimes before = TimesOf(layout, k >= 2 ? k - 2 : 0, length);
+        FetchOr(&mem.Ring(i, 4, b, u), a.z + before.slot * step + p.Offset(b),
+                k >= 2 && before.valid, T(0));
+      }
+    }
+    CommitCopies();
   };
-  if (p.owner && g.T > 0) {
+  // dz_k = (dy + carry) act'(z) at row b (zero at padded steps), stored in source time and sent
+  // to every block of the cluster for step k's products.
+  const auto send_dz = [&](int k, int b, const StepTimes& t, T z, T dy, T carry) {
+    const T dz = t.valid ? (dy + carry) * ActivateGrad<A>(z, Activate<A>(z)) : T(0);
+    a.d_source[t.in_time * step + p.Offset(b)] = dz;
+    Broadcast(mem.Exchange(k), b * p.exchange_row + p.exchange_unit, dz, g.cluster);
+  };
+  // h_{k-1} m_k at row b, which step k's products add to dR (zero at a padded step).
+  const auto put_hm = [&](int k, int b, bool valid, T z_before, T m) {
+    const T h = k > 0 ? Activate<A>(z_before) : (a.h0 ? a.h0[p.Offset(b)] : T(0));
+    mem.Hm(k, b, u) = valid ? h * m : T(0);
+  };
+  StepBarrier(g.cluster);
+  for (int i = 0; i < kPrefetchDepth - 1; ++i) fetch(g.T - 1 - i, i);
+
+  if (p.owner) {  // step T - 1's operands, read directly once
+    const int k = g.T - 1;
     for (int b = 0; b < p.rows; ++b) {
-      const int64_t n = p.row0 + b;
-      const StepTimes t = TimesOf(layout, g.T - 1, RowLength(a.seq_lengths, n, g.T));
-      const int64_t at = (t.slot * N + n) * DH + p.column;
-      send_dz(g.T - 1, b, t, t.valid ? a.z[at] : T(0), t.valid ? a.dy[at] : T(0), T(0));
+      const int length = mem.length[b];
+      const StepTimes t = TimesOf(layout, k, length);
+      const int at = t.slot * step + p.Offset(b);
+      send_dz(k, b, t, t.valid ? a.z[at] : T(0), t.valid ? a.dy[at] : T(0), T(0));
+      const StepTimes before = TimesOf(layout, k > 0 ? k - 1 : 0, length);
+      put_hm(k, b, t.valid, k > 0 && before.valid ? a.z[before.slot * step + p.Offset(b)] : T(0),
+             MaskAt(a.mask, k, p.row0 + b, p.column));
     }
   }
   StepBarrier(g.cluster);
 
-  // Step k: carry = (dz_k R) * m_k and dR[:, j] += dz_k (h_{k-1} m_k)[j]; then the owners
-  // send dz_{k-1}, which needs the same z_{k-1} as h_{k-1}: its loads go out before the
-  // products, so their latency hides behind them.
-  for (int64_t k = g.T - 1; k >= 0; --k) {
-    const T* current = exchange + (k & 1) * g.exchange;
+  // Step k: carry = (dz_k R) m_k and dR[:, j] += dz_k (h_{k-1} m_k)[j]; then the owners send
+  // dz_{k-1} and put h_{k-2} m_{k-1} for step k - 1.
+  RingSlots slots;
+  for (int k = g.T - 1; k >= 0; --k, slots.Advance()) {
+    const int i = slots.run;
+    fetch(k - (kPrefetchDepth - 1), slots.fetch);
+    WaitForStepCopies();
+    const T* current = mem.Exchange(k) + p.read_offset;
     for (int b0 = 0; b0 < p.rows; b0 += kGroup) {
       const T* rows[kGroup];
-      T hm[kGroup], mask[kGroup], z_prev[kGroup], dy_prev[kGroup];
-      bool valid[kGroup];
-      StepTimes prev[kGroup];
+      T hm[kGroup];
+      int length[kGroup];
 #pragma unroll
       for (int r = 0; r < kGroup; ++r) {
         const int b = min(b0 + r, p.rows - 1);
-        const int64_t n = p.row0 + b, length = RowLength(a.seq_lengths, n, g.T);
-        rows[r] = current + (static_cast<int64_t>(b) * g.slices + p.slice) * g.stride;
-        valid[r] = TimesOf(layout, k, length).valid && b0 + r < p.rows;  // repeats add nothing
-        prev[r] = TimesOf(layout, k > 0 ? k - 1 : 0, length);
-        const int64_t prev_at = (prev[r].slot * N + n) * DH + p.column;
-        z_prev[r] = p.has_unit && k > 0 && prev[r].valid ? a.z[prev_at] : T(0);
-        dy_prev[r] = p.owner && k > 0 && prev[r].valid ? a.dy[prev_at] : T(0);
-        mask[r] = p.has_unit ? MaskAt(a.mask, k, n, p.column) : T(0);
-        const T h_prev = k > 0 ? Activate<A>(z_prev[r])
-                               : (a.h0 && p.has_unit ? a.h0[n * DH + p.column] : T(0));
-        hm[r] = valid[r] ? h_prev * mask[r] : T(0);
+        rows[r] = current + b * p.exchange_row;
+        hm[r] = p.has_unit && b0 + r < p.rows ? mem.Hm(k, b, u) : T(0);  // repeats add nothing
+        length[r] = mem.length[b];
       }
       T acc[kGroup];
-      SliceProducts<T, kSlice, kGroup, true>(rows, w, hm, dR, acc);
+      SliceProducts<T, kSlice, kGroup>(rows, w, acc,
+                                       [&](int e, int r, T dz) { dR[e] += dz * hm[r]; });
 #pragma unroll
       for (int r = 0; r < kGroup; ++r) acc[r] = SumOverSlices(acc[r], g.slices);
       if (!p.owner) continue;
@@ -300,25 +427,29 @@ __global__ void __launch_bounds__(kMaxThreads)
       for (int r = 0; r < kGroup; ++r) {
         const int b = b0 + r;
         if (b >= p.rows) break;
-        T& carry_value = carry[b * g.units + p.unit_in_block];
-        carry_value = valid[r] ? acc[r] * mask[r] : T(0);
-        if (k > 0) send_dz(k - 1, b, prev[r], z_prev[r], dy_prev[r], carry_value);
+        T& carry = mem.State(b, u);
+        const T m = a.mask.data ? mem.Ring(i, 0, b, u) : T(1);
+        carry = TimesOf(layout, k, length[r]).valid ? acc[r] * m : T(0);
+        if (k > 0) {
+          const StepTimes prev = TimesOf(layout, k - 1, length[r]);
+          send_dz(k - 1, b, prev, mem.Ring(i, 1, b, u), mem.Ring(i, 2, b, u), carry);
+          put_hm(k - 1, b, prev.valid, mem.Ring(i, 4, b, u),
+                 a.mask.data ? mem.Ring(i, 3, b, u) : T(1));
+        }
       }
     }
     StepBarrier(g.cluster);
   }
 
   if (p.owner && a.dh0) {
-    for (int b = 0; b < p.rows; ++b) {
-      a.dh0[(p.row0 + b) * DH + p.column] = carry[b * g.units + p.unit_in_block];
-    }
+    for (int b = 0; b < p.rows; ++b) a.dh0[p.Offset(b)] = mem.State(b, u);
   }
   if (p.has_unit) {
     T* partial = a.partial_dR + (blockIdx.x / g.cluster) * cluster_stride +
                  p.direction * g.H * g.H;
 #pragma unroll
     for (int i = 0; i < kSlice; ++i) {
-      const int64_t k = static_cast<int64_t>(p.slice) * kSlice + i;
+      const int k = p.slice * kSlice + i;
       if (k < g.H) partial[k * g.H + p.unit] = dR[i];
     }
   }
@@ -336,16 +467,16 @@ __global__ void SumPartials(const T* partial, int64_t count, int64_t size, T* ou
 }
 
 Geometry GeometryOf(const Dims& d, const RecurrencePlan& plan, int64_t element_bytes) {
-  return Geometry{d.T,
-                  d.N,
-                  d.H,
-                  d.D,
+  return Geometry{static_cast<int>(d.T),
+                  static_cast<int>(d.N),
+                  static_cast<int>(d.H),
+                  static_cast<int>(d.D),
                   static_cast<int>(plan.slices),
                   static_cast<int>(plan.cluster),
                   static_cast<int>(plan.units),
                   static_cast<int>(plan.rows),
                   static_cast<int>(plan.slice + SlicePadding(element_bytes)),
-                  plan.ExchangeElements(element_bytes)};
+                  static_cast<int>(plan.ExchangeElements(element_bytes))};
 }
 
 // One launch of `kernel` in the plan's grid: (clusters x cluster) blocks per direction.
@@ -376,10 +507,14 @@ cudaError_t Launch(void (*kernel)(KernelArgs...), const RecurrencePlan& plan, in
   return err != cudaSuccess ? err : cudaGetLastError();
 }
 
-// Calls f.template operator()<kGroup>() with the row group the plan's rows call for.
+// Calls f.template operator()<kGroup, kWide>() with the row group the plan's rows call for,
+// and its block width.
 template <typename F>
-cudaError_t DispatchGroup(const RecurrencePlan& plan, F&& f) {
-  return plan.rows >= 3 ? f.template operator()<4>() : f.template operator()<1>();
+cudaError_t DispatchShape(const RecurrencePlan& plan, F&& f) {
+  if (plan.wide) {
+    return plan.rows >= 3 ? f.template operator()<4, true>() : f.template operator()<1, true>();
+  }
+  return plan.rows >= 3 ? f.template operator()<4, false>() : f.template operator()<1, false>();
 }
 
 template <typename F>
@@ -397,8 +532,8 @@ cudaError_t LaunchForward(const Config& c, const Dims& d, const RecurrencePlan& 
   if (d.T == 0 || d.N == 0) return cudaSuccess;
   const Geometry geometry = GeometryOf(d, plan, sizeof(T));
   return DispatchActivationOf(c.activation, [&]<Activation A>() {
-    return DispatchGroup(plan, [&]<int kGroup>() {
-      return Launch(ForwardKernel<T, A, kGroup>, plan, d.D, stream, c, geometry, args);
+    return DispatchShape(plan, [&]<int kGroup, bool kWide>() {
+      return Launch(ForwardKernel<T, A, kGroup, kWide>, plan, d.D, stream, c, geometry, args);
     });
   });
 }
@@ -416,8 +551,8 @@ cudaError_t LaunchGradients(const Config& c, const Dims& d, const RecurrencePlan
   }
   const Geometry geometry = GeometryOf(d, plan, sizeof(T));
   const cudaError_t err = DispatchActivationOf(c.activation, [&]<Activation A>() {
-    return DispatchGroup(plan, [&]<int kGroup>() {
-      return Launch(GradientsKernel<T, A, kGroup>, plan, d.D, stream, c, geometry, args,
+    return DispatchShape(plan, [&]<int kGroup, bool kWide>() {
+      return Launch(GradientsKernel<T, A, kGroup, kWide>, plan, d.D, stream, c, geometry, args,
                     weight_elements);
     });
   });

@@ -18,15 +18,26 @@ namespace sgrnn::cuda {
 
 // Entries of R each thread keeps in registers: 256 bytes (64 floats) in the forward, half as
 // many in the gradients, whose threads also keep their share of dR. With __launch_bounds__ of
-// kMaxThreads each thread may use 128 registers, which these fit.
-inline constexpr int64_t SliceLength(int64_t element_bytes, bool gradients) {
-  return (gradients ? 128 : 256) / element_bytes;
+// kMaxThreads each thread may use 128 registers, which these fit. Wide blocks (at most
+// kWideThreads threads, so up to 255 registers each) keep twice as many: for hidden sizes that
+// one such block holds whole, fewer threads do the same products, with fewer (or no) warp
+// shuffles and the per-unit step work spread over fewer warps.
+inline constexpr int64_t SliceLength(int64_t element_bytes, bool gradients, bool wide) {
+  return (gradients ? 128 : 256) * (wide ? 2 : 1) / element_bytes;
 }
 // Padding after each slice in the exchange buffer (one 16-byte vector), so that the S slices
 // that one warp reads at once sit in different shared-memory banks.
 inline constexpr int64_t SlicePadding(int64_t element_bytes) { return 16 / element_bytes; }
 
+// Steps' operands are fetched into shared memory this many steps (less one) before they run,
+// so that their global-memory latency hides behind the steps between (recurrence.cu).
+inline constexpr int64_t kPrefetchDepth = 3;
+// Values fetched per step and (row, unit): the forward's source and next step's mask; the
+// gradients' mask, z and dy of the step before, and the mask and z of the step before that.
+inline constexpr int64_t PrefetchFields(bool gradients) { return gradients ? 5 : 2; }
+
 inline constexpr int64_t kMaxThreads = 512;
+inline constexpr int64_t kWideThreads = 256;
 // Thread-block clusters of up to 8 blocks are portable on sm_90.
 inline constexpr int64_t kMaxCluster = 8;
 
@@ -39,6 +50,7 @@ struct RecurrencePlan {
   int64_t rows;      // B: batch rows per cluster
   int64_t clusters;  // K: clusters per direction, ceil(N / B)
   int64_t shared_bytes;  // dynamic shared memory per block
+  bool wide;  // a wide block (SliceLength): one block of at most kWideThreads holds all H units
 
   // Elements of one exchange buffer: B rows of S padded slices.
   int64_t ExchangeElements(int64_t element_bytes) const {
@@ -46,13 +58,30 @@ struct RecurrencePlan {
   }
 };
 
+// Shared memory per batch row of a block: two exchange buffers (double-buffered steps); per
+// unit the owner's state (forward h, gradients dL/dh), the prefetch ring and, in the gradients,
+// two buffers of h_{k-1} m_k for the products; and the row's length (int32).
+inline int64_t SharedBytesPerRow(const RecurrencePlan& plan, int64_t element_bytes,
+                                 bool gradients) {
+  const int64_t per_unit = 1 + kPrefetchDepth * PrefetchFields(gradients) + (gradients ? 2 : 0);
+  return element_bytes * (2 * plan.slices * (plan.slice + SlicePadding(element_bytes)) +
+                          plan.units * per_unit) +
+         4;
+}
+
 // The block shape (everything but rows, clusters and shared_bytes) for hidden size H, or
 // nothing when R does not fit on chip at this size. Independent of the batch and the device,
 // so the lowering can ask it (jax_sgrnn/_backends.py) before any GPU is seen.
 inline std::optional<RecurrencePlan> BlockShape(int64_t H, int64_t element_bytes,
                                                 bool gradients) {
   if (H < 1) return std::nullopt;
-  const int64_t slice = SliceLength(element_bytes, gradients);
+  const int64_t wide_slice = SliceLength(element_bytes, gradients, true);
+  const int64_t wide_slices = (H + wide_slice - 1) / wide_slice;
+  if (wide_slices <= 2 && H * wide_slices <= kWideThreads) {  // slices: 1 or 2, a power of 2
+    return RecurrencePlan{wide_slice, wide_slices, 1, H, (H * wide_slices + 31) / 32 * 32,
+                          0, 0, 0, true};
+  }
+  const int64_t slice = SliceLength(element_bytes, gradients, false);
   int64_t slices = 1;
   while (slices * slice < H) slices *= 2;
   if (slices > 32) return std::nullopt;
@@ -60,7 +89,7 @@ inline std::optional<RecurrencePlan> BlockShape(int64_t H, int64_t element_bytes
     const int64_t units = (H + cluster - 1) / cluster;
     const int64_t threads = (units * slices + 31) / 32 * 32;
     if (threads <= kMaxThreads) return RecurrencePlan{slice, slices, cluster, units, threads,
-                                                      0, 0, 0};
+                                                      0, 0, 0, false};
   }
   return std::nullopt;
 }
@@ -78,16 +107,20 @@ inline std::optional<RecurrencePlan> PlanRecurrence(int64_t H, int64_t N, int64_
   const int64_t blocks_per_cluster = plan->cluster * D;
   const int64_t cluster_slots = std::max<int64_t>(1, multiprocessors / blocks_per_cluster);
   int64_t rows = (N + cluster_slots - 1) / cluster_slots;
-  // Two exchange buffers (double-buffered steps) and one per-unit row state, per row.
-  const int64_t per_row = element_bytes * (2 * plan->slices * (plan->slice +
-                                                               SlicePadding(element_bytes)) +
-                                           plan->units);
+  const int64_t per_row = SharedBytesPerRow(*plan, element_bytes, gradients);
   rows = std::min(rows, max_shared_bytes / per_row);
   if (rows < 1) return std::nullopt;
   plan->rows = rows;
   plan->clusters = (N + rows - 1) / rows;
   plan->shared_bytes = rows * per_row;
   return plan;
+}
+
+// The kernels index [T, N, D*H] tensors with 32-bit integers (half the instructions of 64-bit
+// ones on the per-step path), so they run only where every element index fits.
+inline bool IndexesFit(int64_t T, int64_t N, int64_t D, int64_t H) {
+  return T * N * D * H <= std::numeric_limits<int32_t>::max() &&
+         D * H * H <= std::numeric_limits<int32_t>::max();
 }
 
 // Whether to run the on-chip recurrence for N rows and D directions rather than the lax.scan
@@ -99,12 +132,12 @@ inline std::optional<RecurrencePlan> PlanRecurrence(int64_t H, int64_t N, int64_
 inline constexpr int64_t kMaxRowsPerCluster = 8;
 inline constexpr int64_t kTypicalMultiprocessors = 132;
 
-inline bool PreferOnChip(int64_t H, int64_t N, int64_t D, int64_t element_bytes,
+inline bool PreferOnChip(int64_t T, int64_t H, int64_t N, int64_t D, int64_t element_bytes,
                          bool gradients) {
   const std::optional<RecurrencePlan> plan =
       PlanRecurrence(H, N, D, element_bytes, gradients, kTypicalMultiprocessors,
                      std::numeric_limits<int64_t>::max());
-  return plan && plan->rows <= kMaxRowsPerCluster;
+  return IndexesFit(T, N, D, H) && plan && plan->rows <= kMaxRowsPerCluster;
 }
 
 }  // namespace sgrnn::cuda

@@ -1,7 +1,7 @@
 // A standalone driver of the CUDA recurrence kernels (csrc/cuda/recurrence.cu), for
 // compute-sanitizer (scripts/sanitize_cuda.sh), which cannot follow a Python process running
-// JAX. It runs the forward and gradient kernels over every kind of launch the plan makes (one
-// block per cluster, clusters of 2, 4 and 8, one row or groups of rows, both directions, masks,
+// JAX. It runs the forward and gradient kernels over every kind of launch the plan makes (wide
+// blocks of one or two threads per unit, one block per cluster, clusters of 2, 4 and 8, one row or groups of rows, both directions, masks,
 // lengths, float and double), with outputs poisoned with NaN first, and checks that each run
 // returns no CUDA error and writes every output element with a finite value. The values
 // themselves are checked against the reference by tests/test_cuda.py.
@@ -137,7 +137,7 @@ void Run(const Case& k, std::mt19937& rng) {
 int main() {
   std::mt19937 rng(7);
   const Case cases[] = {
-      {6, 8, 128, false, false, false, false, true},  // one block per cluster, one row each
+      {6, 8, 128, false, false, false, false, true},  // wide blocks, one row each
       {5, 40, 37, false, true, true, true, true},     // groups of 4 rows, H off the slice size
       {4, 5, 256, true, false, true, true, false},    // clusters of 2 (forward) and 4
       {3, 6, 512, false, true, false, false, true},   // float: clusters of 8 (forward only)

@@ -30,14 +30,16 @@ void BlockShapesCoverEveryUnit() {
         const std::optional<RecurrencePlan> p = BlockShape(H, bytes, gradients);
         const std::string what = Case(H, bytes, gradients);
         if (!p) continue;
-        Check(p->slice == SliceLength(bytes, gradients), what + ": slice");
+        Check(p->slice == SliceLength(bytes, gradients, p->wide), what + ": slice");
+        Check(!p->wide || (p->cluster == 1 && p->units == H && p->slices <= 2),
+              what + ": a wide block holds every unit");
         Check(p->slices * p->slice >= H && (p->slices == 1 || (p->slices / 2) * p->slice < H),
               what + ": fewest slices covering a row");
         Check(p->slices <= 32 && (p->slices & (p->slices - 1)) == 0, what + ": slices");
         Check(p->cluster >= 1 && p->cluster <= kMaxCluster, what + ": cluster size");
         Check(p->units * p->cluster >= H && (p->units - 1) * p->cluster < H, what + ": units");
         Check(p->threads % 32 == 0 && p->threads >= p->units * p->slices &&
-                  p->threads <= kMaxThreads,
+                  p->threads <= (p->wide ? kWideThreads : kMaxThreads),
               what + ": threads");
         Check(p->threads - p->units * p->slices < 32, what + ": at most one partial warp");
       }
@@ -54,6 +56,12 @@ void OnChipLimits() {
   Check(!BlockShape(257, 4, true), "H=257 gradients do not fit");
   Check(!BlockShape(1024, 4, false) && !BlockShape(0, 4, false), "H=1024 and H=0 do not fit");
   Check(BlockShape(128, 4, false)->cluster == 1, "H=128 forward: one block");
+  Check(BlockShape(128, 4, false)->wide && BlockShape(128, 4, false)->slices == 1,
+        "H=128 forward: a wide block, one thread per unit");
+  Check(BlockShape(128, 4, true)->wide && BlockShape(128, 4, true)->slices == 2,
+        "H=128 gradients: a wide block, two threads per unit");
+  Check(!BlockShape(129, 4, false)->wide && !BlockShape(129, 4, true)->wide,
+        "H=129: not wide");
   Check(BlockShape(256, 4, false)->cluster == 2, "H=256 forward: clusters of 2");
   Check(BlockShape(256, 4, true)->cluster == 4, "H=256 gradients: clusters of 4");
   Check(BlockShape(512, 4, false)->cluster == 8, "H=512 forward: clusters of 8");
@@ -87,13 +95,17 @@ void PlansCoverTheBatch() {
 }
 
 void PreferenceFollowsRowsPerCluster() {
-  Check(PreferOnChip(128, 8, 1, 4, false), "(1000,8,128,128) forward on chip");
-  Check(PreferOnChip(256, 32, 1, 4, true), "(100,32,256,256) gradients on chip");
-  Check(!PreferOnChip(256, 1024, 1, 4, true), "(50,1024,256,256) gradients by scan");
-  Check(!PreferOnChip(256, 1024, 1, 4, false), "(50,1024,256,256) forward by scan");
-  Check(PreferOnChip(512, 64, 1, 4, false), "(200,64,512,512) forward on chip");
-  Check(!PreferOnChip(512, 64, 1, 4, true), "H=512 gradients by scan");
-  Check(!PreferOnChip(1024, 1, 1, 4, false), "H=1024 by scan");
+  Check(PreferOnChip(1000, 128, 8, 1, 4, false), "(1000,8,128,128) forward on chip");
+  Check(PreferOnChip(100, 256, 32, 1, 4, true), "(100,32,256,256) gradients on chip");
+  Check(!PreferOnChip(50, 256, 1024, 1, 4, true), "(50,1024,256,256) gradients by scan");
+  Check(!PreferOnChip(50, 256, 1024, 1, 4, false), "(50,1024,256,256) forward by scan");
+  Check(PreferOnChip(200, 512, 64, 1, 4, false), "(200,64,512,512) forward on chip");
+  Check(!PreferOnChip(200, 512, 64, 1, 4, true), "H=512 gradients by scan");
+  Check(!PreferOnChip(100, 1024, 1, 1, 4, false), "H=1024 by scan");
+  // 32-bit element indices: T*N*D*H up to 2^31 - 1.
+  Check(PreferOnChip(65535, 256, 128, 1, 4, false), "T*N*H = 2^31 - 2^17 on chip");
+  Check(!PreferOnChip(65536, 256, 128, 1, 4, false), "T*N*H = 2^31 by scan");
+  Check(!PreferOnChip(32768, 256, 128, 2, 4, true), "T*N*D*H = 2^31 (bidirectional) by scan");
 }
 
 }  // namespace
