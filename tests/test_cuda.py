@@ -182,6 +182,18 @@ def test_lowering_for_cuda_emits_the_custom_calls_that_pay(rng, N, H, fwd_call, 
 
 
 @requires_cuda_build
+@pytest.mark.parametrize("T,fwd_call", [(65535, True), (65536, False)])
+def test_calls_beyond_32_bit_indices_lower_to_the_decomposition(T, fwd_call):
+    """The kernels index [T, N, D*H] with 32-bit integers: T*N*H = 2^31 - 2^17 runs them,
+    2^31 lowers to the decomposition (abstract shapes only: nothing is allocated)."""
+    x = jax.ShapeDtypeStruct((T, 256, 128), jnp.float32)
+    R = jax.ShapeDtypeStruct((128, 128), jnp.float32)
+    text = _lowered_text(lambda x, R: op(x, R, activation="tanh", training=False), x, R)
+    assert ("jax_sgrnn_cuda_forward" in text) == fwd_call
+    assert ("stablehlo.while" in text) != fwd_call
+
+
+@requires_cuda_build
 def test_gpus_older_than_sm90_lower_to_the_decomposition(rng, monkeypatch):
     """Where the process's GPUs cannot run the kernels (thread-block clusters need sm_90), the
     op lowers to the decomposition instead of failing at run time."""
