@@ -55,9 +55,8 @@ class Backend:
       recurrence_only: its handler takes the projected source; the lowering applies the input
         weight and bias and computes dW, db and dx with XLA around it.
       fits: ``(steps, hidden, batch, directions, itemsize, gradients) -> bool``: whether its
-        handler runs (and pays at) those sizes; a call that does not fit lowers to the
-        decomposition.
-        None: every size.
+        handler runs (and pays at) those sizes on this process's devices; a call that does not
+        fit lowers to the decomposition. None: every size.
     """
 
     name: str
@@ -133,6 +132,11 @@ def _import(module: str):
         return None, f"its extension module did not import ({err})"
 
 
+def _fits_on_these_gpus(recurrence_fits: Callable[..., bool], *sizes) -> bool:
+    """A CUDA build's ``fits``: its kernels run these sizes, on GPUs that can run them."""
+    return recurrence_fits(*sizes) and cuda_devices_run_handler()
+
+
 def _load() -> dict[str, Backend]:
     """Imports every backend's module and registers its targets, once."""
     _preload_openblas()
@@ -170,6 +174,8 @@ def _load() -> dict[str, Backend]:
                 target, capsule, platform=_REGISTRATION_PLATFORM.get(spec.platform, spec.platform))
         device = module.device_name() if hasattr(module, "device_name") else None
         fits = getattr(module, "recurrence_fits", None)
+        if fits is not None:  # its kernels need GPUs that can run them, too
+            fits = functools.partial(_fits_on_these_gpus, fits)
         if device == "":
             table[spec.name] = dataclasses.replace(
                 spec, targets=targets, reason="no Metal device is visible to this process")

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.interpreters import mlir
 
-from ._backends import Backend, backend_for_platform, cuda_devices_run_handler, platforms
+from ._backends import Backend, backend_for_platform, platforms
 from ._primitives import OpConfig, forward_p, forward_reference, gradients_p
 from ._primitives import gradients_reference
 from ._sharding import partitioned
@@ -127,9 +127,7 @@ def _lower(ctx, *args, config: OpConfig, platform: str, custom_call, decompositi
     if backend is not None and not backend.runs(source.shape[-3], weight.shape[-1],
                                                 source.shape[-2], config.descriptor.directions,
                                                 source.dtype, gradients):
-        backend = None  # sizes this handler's kernels do not run, or run slower
-    if backend is not None and backend.name == "cuda" and not cuda_devices_run_handler():
-        backend = None  # GPUs older than sm_90 (no thread-block clusters)
+        backend = None  # sizes (or GPUs) this handler's kernels do not run, or run slower
     if backend is None:  # XLA partitions the decomposition like any JAX code
         fn = functools.partial(decomposition, config=config)
     else:

@@ -197,7 +197,7 @@ def test_calls_beyond_32_bit_indices_lower_to_the_decomposition(T, fwd_call):
 def test_gpus_older_than_sm90_lower_to_the_decomposition(rng, monkeypatch):
     """Where the process's GPUs cannot run the kernels (thread-block clusters need sm_90), the
     op lowers to the decomposition instead of failing at run time."""
-    from jax_sgrnn import _lowering
+    from jax_sgrnn import _backends
 
     inputs = make_inputs(rng, 3, 2, 4, 32, dtype=jnp.float32)
     args = (inputs["source"], inputs["recurrent_weight"], inputs["input_weight"])
@@ -206,6 +206,6 @@ def test_gpus_older_than_sm90_lower_to_the_decomposition(rng, monkeypatch):
         return op(x, R, W, activation="tanh")
 
     assert "jax_sgrnn_cuda_forward" in _lowered_text(forward, *args)
-    monkeypatch.setattr(_lowering, "cuda_devices_run_handler", lambda: False)
+    monkeypatch.setattr(_backends, "cuda_devices_run_handler", lambda: False)
     text = _lowered_text(lambda *a: forward(*a), *args)  # a new function: not the cached lowering
     assert "jax_sgrnn_cuda_forward" not in text and "stablehlo.while" in text

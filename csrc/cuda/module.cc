@@ -1,6 +1,6 @@
 // The Python module of the CUDA backend: its registrations() and the question the lowering
-// asks before choosing it (whether the on-chip recurrence runs, and pays, at these sizes). It imports
-// without a GPU or driver (the CUDA runtime is linked statically and loads the driver on first
+// asks before choosing it (whether the on-chip recurrence runs, and pays, at these sizes). It
+// imports without a GPU or driver (the CUDA runtime is linked statically and loads the driver on first
 // use), so programs can be lowered for cuda anywhere the package was built with nvcc.
 #include <cstdint>
 
@@ -14,9 +14,8 @@ PYBIND11_MODULE(_sgrnn_cuda, m) {
   m.doc() = "jax_sgrnn's XLA FFI handlers for the CUDA platform";
   sgrnn::DefineRegistrations(m, sgrnn::kCudaTargets, sgrnn::CudaForward, sgrnn::CudaGradients);
   m.def("recurrence_fits", &sgrnn::cuda::PreferOnChip, pybind11::arg("steps"),
-        pybind11::arg("hidden"),
-        pybind11::arg("batch"), pybind11::arg("directions"), pybind11::arg("itemsize"),
-        pybind11::arg("gradients"),
+        pybind11::arg("hidden"), pybind11::arg("batch"), pybind11::arg("directions"),
+        pybind11::arg("itemsize"), pybind11::arg("gradients"),
         "Whether the forward (or, with gradients, the gradient) kernel holds R of this size on "
         "chip and is expected to beat the lax.scan decomposition for this batch "
         "(csrc/cuda/recurrence_plan.h, PreferOnChip); otherwise the lowering uses the latter.");

@@ -7,7 +7,9 @@
 // shared memory, sums each unit's S slices with warp shuffles, and the unit's owner thread
 // (s == 0) applies the elementwise rule and writes the result into the other exchange buffer of
 // every block of the cluster; one cluster barrier ends the step. Two buffers alternate, so
-// that no block overwrites what another is still reading.
+// that no block overwrites what another is still reading. What a step reads from global memory
+// is fetched two steps ahead into shared memory (cp.async); hidden sizes that one block holds
+// whole run "wide" blocks with twice the slice per thread (recurrence_plan.h).
 #include <cooperative_groups.h>
 
 #include <algorithm>
@@ -181,6 +183,8 @@ struct Place {
   }
   // Element (row row0 + b, this column) of [N, D*H]; add t * StepStride() for [T, N, D*H].
   __device__ int Offset(int b) const { return first + b * row_stride; }
+  // This unit's entry for row b in an exchange buffer.
+  __device__ int ExchangeIndex(int b) const { return b * exchange_row + exchange_unit; }
 };
 
 // This thread's kSlice entries of R in registers: row j (forward) or column j (gradients) of
@@ -277,7 +281,7 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
     for (int b = 0; b < p.rows; ++b) {
       const T h = a.h0 ? a.h0[p.Offset(b)] : T(0);
       mem.State(b, u) = h;
-      Broadcast(mem.Exchange(0), b * p.exchange_row + p.exchange_unit,
+      Broadcast(mem.Exchange(0), p.ExchangeIndex(b),
                 h * MaskAt(a.mask, 0, p.row0 + b, p.column), g.cluster);
     }
   }
@@ -323,7 +327,7 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
           if (a.z) a.z[out] = T(0);
         }
         if (k + 1 < g.T) {
-          Broadcast(mem.Exchange(k + 1), b * p.exchange_row + p.exchange_unit,
+          Broadcast(mem.Exchange(k + 1), p.ExchangeIndex(b),
                     h * mask_next[r], g.cluster);
         }
       }
@@ -374,7 +378,7 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
   const auto send_dz = [&](int k, int b, const StepTimes& t, T z, T dy, T carry) {
     const T dz = t.valid ? (dy + carry) * ActivateGrad<A>(z, Activate<A>(z)) : T(0);
     a.d_source[t.in_time * step + p.Offset(b)] = dz;
-    Broadcast(mem.Exchange(k), b * p.exchange_row + p.exchange_unit, dz, g.cluster);
+    Broadcast(mem.Exchange(k), p.ExchangeIndex(b), dz, g.cluster);
   };
   // h_{k-1} m_k at row b, which step k's products add to dR (zero at a padded step).
   const auto put_hm = [&](int k, int b, bool valid, T z_before, T m) {

@@ -66,7 +66,7 @@ inline int64_t SharedBytesPerRow(const RecurrencePlan& plan, int64_t element_byt
   const int64_t per_unit = 1 + kPrefetchDepth * PrefetchFields(gradients) + (gradients ? 2 : 0);
   return element_bytes * (2 * plan.slices * (plan.slice + SlicePadding(element_bytes)) +
                           plan.units * per_unit) +
-         4;
+         static_cast<int64_t>(sizeof(int32_t));
 }
 
 // The block shape (everything but rows, clusters and shared_bytes) for hidden size H, or
