@@ -6,8 +6,9 @@
 // (forward: h_{k-1} * m_k; gradients: dz_k) for the block's rows from an exchange buffer in
 // shared memory, sums each unit's S slices with warp shuffles, and the unit's owner thread
 // (s == 0) applies the elementwise rule and writes the result into the other exchange buffer of
-// every block of the cluster; one cluster barrier ends the step. Two buffers alternate, so
-// that no block overwrites what another is still reading. What a step reads from global memory
+// every block of the cluster (StepSignal: a block barrier ends the step, or in a cluster each
+// block waits on an mbarrier for its rows' values). Two buffers alternate, so that no block
+// overwrites what another is still reading. What a step reads from global memory
 // is fetched two steps ahead into shared memory (cp.async); hidden sizes that one block holds
 // whole run "wide" blocks with twice the slice per thread (recurrence_plan.h).
 #include <cooperative_groups.h>
@@ -82,7 +83,8 @@ __device__ inline void FetchOr(T* slot, const T* global, bool fetch, T otherwise
   }
 }
 
-// Writes `value` at `index` of the exchange buffer `buffer` in every block of the cluster.
+// Writes `value` at `index` of the exchange buffer `buffer` in every block of the cluster
+// (before the loop, where a cluster barrier follows).
 template <typename T>
 __device__ inline void Broadcast(T* buffer, int index, T value, int cluster) {
   if (cluster == 1) {
@@ -93,13 +95,106 @@ __device__ inline void Broadcast(T* buffer, int index, T value, int cluster) {
   for (int r = 0; r < cluster; ++r) group.map_shared_rank(buffer, r)[index] = value;
 }
 
-__device__ inline void StepBarrier(int cluster) {
+__device__ inline void ClusterBarrier(int cluster) {
   if (cluster == 1) {
     __syncthreads();
   } else {
     cg::this_cluster().sync();  // release/acquire: the other blocks' writes are visible
   }
 }
+
+__device__ inline unsigned SharedAddress(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// How the steps of the loop hand their state over. Step i (the i-th processed) reads exchange
+// buffer i & 1, which the steps' owner threads filled during step i - 1.
+//
+// In one block that takes a block barrier at the end of each step. In a cluster, a barrier
+// (barrier.cluster with release semantics) also waits for every global store the block has
+// issued (MEMBAR.GPU in SASS: y, z, dz of the step), which only needs to be ordered before the
+// kernel ends. So there the owners write with st.async, which signals the receiving block's
+// mbarrier of that buffer with the bytes written, and each block waits on its own mbarrier for
+// the bytes of all H units of its rows: no cluster barrier and no fence inside the loop.
+// Reuse is safe: a block writes buffer i & 1 of another only after it received all of step
+// i - 1's values, each of which its owner sent after its warp had read buffer i & 1 for step
+// i - 2 (every warp with a unit holds owners; warps without one skip the products).
+template <typename T>
+struct StepSignal {
+  uint64_t* arrived;  // [2]: per exchange buffer, in the block's shared memory
+  unsigned bytes;     // per use: rows * H values
+  int cluster;
+
+  // Thread 0 sets up the mbarriers; a cluster barrier must follow before any block sends.
+  __device__ StepSignal(uint64_t* signals, int rows, int H, int cluster_blocks)
+      : arrived(signals), bytes(static_cast<unsigned>(rows * H * sizeof(T))),
+        cluster(cluster_blocks) {
+    if (cluster > 1 && threadIdx.x == 0) {
+      for (int b = 0; b < 2; ++b) {
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(SharedAddress(arrived + b))
+                     : "memory");
+      }
+      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+  }
+
+  // Step i's start, before it reads its buffer (i >= 1; step 0's comes from before the loop,
+  // through a cluster barrier): wait for the buffer, then thread 0 expects step i + 1's bytes
+  // (the mbarrier's previous phase, step i - 1's, is complete: thread 0 waited for it).
+  __device__ void Begin(int i, int steps) const {
+    if (cluster == 1) return;
+    if (i >= 1) {
+      const unsigned address = SharedAddress(arrived + (i & 1));
+      const unsigned parity = ((i - 1) >> 1) & 1;
+      asm volatile(
+          "{\n.reg .pred done;\nWAIT_%=:\n"
+          "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
+          "@!done bra WAIT_%=;\n}\n" ::"r"(address),
+          "r"(parity)
+          : "memory");
+    }
+    if (threadIdx.x == 0 && i + 1 < steps) {
+      asm volatile("mbarrier.arrive.expect_tx.relaxed.cta.shared::cta.b64 _, [%0], %1;\n" ::"r"(
+                       SharedAddress(arrived + ((i + 1) & 1))),
+                   "r"(bytes)
+                   : "memory");
+    }
+  }
+
+  // Writes `value` at `index` of `buffer`, step i + 1's exchange buffer, in every block of the
+  // cluster.
+  __device__ void Send(T* buffer, int index, T value, int i) const {
+    if (cluster == 1) {
+      buffer[index] = value;
+      return;
+    }
+    const unsigned element = SharedAddress(buffer + index);
+    const unsigned signal = SharedAddress(arrived + ((i + 1) & 1));
+    for (int r = 0; r < cluster; ++r) {
+      unsigned remote_element, remote_signal;
+      asm("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote_element) : "r"(element), "r"(r));
+      asm("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote_signal) : "r"(signal), "r"(r));
+      if constexpr (sizeof(T) == 4) {
+        asm volatile(
+            "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(
+                remote_element),
+            "r"(__float_as_uint(value)), "r"(remote_signal)
+            : "memory");
+      } else {
+        asm volatile(
+            "st.async.shared::cluster.mbarrier::complete_tx::bytes.b64 [%0], %1, [%2];\n" ::"r"(
+                remote_element),
+            "l"(__double_as_longlong(value)), "r"(remote_signal)
+            : "memory");
+      }
+    }
+  }
+
+  // Step i's end: in one block, the barrier that publishes the owners' writes.
+  __device__ void End() const {
+    if (cluster == 1) __syncthreads();
+  }
+};
 
 template <typename T>
 __device__ inline T SumOverSlices(T v, int slices) {
@@ -204,6 +299,7 @@ __device__ inline void LoadSlice(T (&w)[kSlice], const T* R, const Place<kSlice>
 // exchange buffers start zeroed (entries past H meet zero weights, and must not be NaN).
 template <typename T>
 struct BlockMemory {
+  uint64_t* signals;  // kSignalBytes: StepSignal's two mbarriers
   T* exchange;  // two buffers of Geometry::exchange elements: step k reads buffer k & 1
   T* state;     // [rows][units]: the owners' h (forward) or dL/dh_{k-1} (gradients)
   T* ring;      // [kPrefetchDepth][fields][rows][units]: prefetched step operands
@@ -217,7 +313,8 @@ struct BlockMemory {
       : exchange_elements(g.exchange), units(g.units), field_stride(g.rows * g.units),
         slot_stride(static_cast<int>(PrefetchFields(gradients)) * g.rows * g.units) {
     extern __shared__ __align__(16) unsigned char shared_bytes[];
-    exchange = reinterpret_cast<T*>(shared_bytes);
+    signals = reinterpret_cast<uint64_t*>(shared_bytes);
+    exchange = reinterpret_cast<T*>(shared_bytes + kSignalBytes);
     state = exchange + 2 * g.exchange;
     ring = state + field_stride;
     hm = ring + kPrefetchDepth * slot_stride;
@@ -274,7 +371,10 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
     }
     CommitCopies();
   };
-  StepBarrier(g.cluster);  // every block's buffers are zero before any block writes into them
+  const StepSignal<T> signal(mem.signals, p.rows, g.H, g.cluster);
+  const bool warp_has_unit = __any_sync(0xffffffffu, p.has_unit);
+  // Every block's buffers are zero and its mbarriers set up before any block writes into them.
+  ClusterBarrier(g.cluster);
   for (int k = 0; k < kPrefetchDepth - 1; ++k) fetch(k, k);
 
   if (p.owner) {
@@ -285,14 +385,15 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
                 h * MaskAt(a.mask, 0, p.row0 + b, p.column), g.cluster);
     }
   }
-  StepBarrier(g.cluster);
+  ClusterBarrier(g.cluster);
 
   RingSlots slots;
   for (int k = 0; k < g.T; ++k, slots.Advance()) {
     fetch(k + kPrefetchDepth - 1, slots.fetch);
     WaitForStepCopies();
+    signal.Begin(k, g.T);
     const T* current = mem.Exchange(k) + p.read_offset;
-    for (int b0 = 0; b0 < p.rows; b0 += kGroup) {
+    for (int b0 = 0; warp_has_unit && b0 < p.rows; b0 += kGroup) {
       // The owners' operands are read before the products, so their latency hides behind them.
       const T* rows[kGroup];
       T input[kGroup], mask_next[kGroup];
@@ -326,14 +427,12 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
           a.y[out] = T(0);
           if (a.z) a.z[out] = T(0);
         }
-        if (k + 1 < g.T) {
-          Broadcast(mem.Exchange(k + 1), p.ExchangeIndex(b),
-                    h * mask_next[r], g.cluster);
-        }
+        if (k + 1 < g.T) signal.Send(mem.Exchange(k + 1), p.ExchangeIndex(b), h * mask_next[r], k);
       }
     }
-    StepBarrier(g.cluster);
+    signal.End();
   }
+  if (g.cluster > 1) ClusterBarrier(g.cluster);  // no block leaves while another may write to it
 }
 
 template <typename T, Activation A, int kGroup, bool kWide>
@@ -373,19 +472,21 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
     }
     CommitCopies();
   };
-  // dz_k = (dy + carry) act'(z) at row b (zero at padded steps), stored in source time and sent
-  // to every block of the cluster for step k's products.
-  const auto send_dz = [&](int k, int b, const StepTimes& t, T z, T dy, T carry) {
+  // dz_k = (dy + carry) act'(z) at row b (zero at padded steps), stored in source time; the
+  // caller sends it to every block of the cluster for step k's products.
+  const auto store_dz = [&](int b, const StepTimes& t, T z, T dy, T carry) {
     const T dz = t.valid ? (dy + carry) * ActivateGrad<A>(z, Activate<A>(z)) : T(0);
     a.d_source[t.in_time * step + p.Offset(b)] = dz;
-    Broadcast(mem.Exchange(k), p.ExchangeIndex(b), dz, g.cluster);
+    return dz;
   };
   // h_{k-1} m_k at row b, which step k's products add to dR (zero at a padded step).
   const auto put_hm = [&](int k, int b, bool valid, T z_before, T m) {
     const T h = k > 0 ? Activate<A>(z_before) : (a.h0 ? a.h0[p.Offset(b)] : T(0));
     mem.Hm(k, b, u) = valid ? h * m : T(0);
   };
-  StepBarrier(g.cluster);
+  const StepSignal<T> signal(mem.signals, p.rows, g.H, g.cluster);
+  const bool warp_has_unit = __any_sync(0xffffffffu, p.has_unit);
+  ClusterBarrier(g.cluster);  // zeroed buffers and set-up mbarriers, as in the forward
   for (int i = 0; i < kPrefetchDepth - 1; ++i) fetch(g.T - 1 - i, i);
 
   if (p.owner) {  // step T - 1's operands, read directly once
@@ -394,13 +495,15 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
       const int length = mem.length[b];
       const StepTimes t = TimesOf(layout, k, length);
       const int at = t.slot * step + p.Offset(b);
-      send_dz(k, b, t, t.valid ? a.z[at] : T(0), t.valid ? a.dy[at] : T(0), T(0));
+      Broadcast(mem.Exchange(k), p.ExchangeIndex(b),
+                store_dz(b, t, t.valid ? a.z[at] : T(0), t.valid ? a.dy[at] : T(0), T(0)),
+                g.cluster);
       const StepTimes before = TimesOf(layout, k > 0 ? k - 1 : 0, length);
       put_hm(k, b, t.valid, k > 0 && before.valid ? a.z[before.slot * step + p.Offset(b)] : T(0),
              MaskAt(a.mask, k, p.row0 + b, p.column));
     }
   }
-  StepBarrier(g.cluster);
+  ClusterBarrier(g.cluster);
 
   // Step k: carry = (dz_k R) m_k and dR[:, j] += dz_k (h_{k-1} m_k)[j]; then the owners send
   // dz_{k-1} and put h_{k-2} m_{k-1} for step k - 1.
@@ -409,8 +512,10 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
     const int i = slots.run;
     fetch(k - (kPrefetchDepth - 1), slots.fetch);
     WaitForStepCopies();
+    const int processed = g.T - 1 - k;  // StepSignal counts steps in processing order
+    signal.Begin(processed, g.T);
     const T* current = mem.Exchange(k) + p.read_offset;
-    for (int b0 = 0; b0 < p.rows; b0 += kGroup) {
+    for (int b0 = 0; warp_has_unit && b0 < p.rows; b0 += kGroup) {
       const T* rows[kGroup];
       T hm[kGroup];
       int length[kGroup];
@@ -436,14 +541,17 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
         carry = TimesOf(layout, k, length[r]).valid ? acc[r] * m : T(0);
         if (k > 0) {
           const StepTimes prev = TimesOf(layout, k - 1, length[r]);
-          send_dz(k - 1, b, prev, mem.Ring(i, 1, b, u), mem.Ring(i, 2, b, u), carry);
+          const T dz = store_dz(b, prev, mem.Ring(i, 1, b, u), mem.Ring(i, 2, b, u), carry);
+          signal.Send(mem.Exchange(k - 1), p.ExchangeIndex(b), dz, processed);
           put_hm(k - 1, b, prev.valid, mem.Ring(i, 4, b, u),
                  a.mask.data ? mem.Ring(i, 3, b, u) : T(1));
         }
       }
     }
-    StepBarrier(g.cluster);
+    __syncwarp();  // the owners' h m for the next step, which the unit's other slices read
+    signal.End();
   }
+  if (g.cluster > 1) ClusterBarrier(g.cluster);  // no block leaves while another may write to it
 
   if (p.owner && a.dh0) {
     for (int b = 0; b < p.rows; ++b) a.dh0[p.Offset(b)] = mem.State(b, u);

@@ -58,6 +58,10 @@ struct RecurrencePlan {
   }
 };
 
+// Shared memory a block holds whatever its rows: the two mbarriers that signal the exchange
+// buffers' arrival in a cluster (recurrence.cu), 16 bytes so that what follows stays aligned.
+inline constexpr int64_t kSignalBytes = 16;
+
 // Shared memory per batch row of a block: two exchange buffers (double-buffered steps); per
 // unit the owner's state (forward h, gradients dL/dh), the prefetch ring and, in the gradients,
 // two buffers of h_{k-1} m_k for the products; and the row's length (int32).
@@ -108,11 +112,11 @@ inline std::optional<RecurrencePlan> PlanRecurrence(int64_t H, int64_t N, int64_
   const int64_t cluster_slots = std::max<int64_t>(1, multiprocessors / blocks_per_cluster);
   int64_t rows = (N + cluster_slots - 1) / cluster_slots;
   const int64_t per_row = SharedBytesPerRow(*plan, element_bytes, gradients);
-  rows = std::min(rows, max_shared_bytes / per_row);
+  rows = std::min(rows, (max_shared_bytes - kSignalBytes) / per_row);
   if (rows < 1) return std::nullopt;
   plan->rows = rows;
   plan->clusters = (N + rows - 1) / rows;
-  plan->shared_bytes = rows * per_row;
+  plan->shared_bytes = kSignalBytes + rows * per_row;
   return plan;
 }
 

@@ -1,0 +1,128 @@
+// Times the CUDA recurrence kernels alone (csrc/cuda/recurrence.cu), without JAX: for A/B runs
+// of kernel variants, where a build of the whole package per variant would cost minutes of
+// GPU time. Float32, tanh, with h0, no mask; each shape runs the forward and the gradients
+// (which include the in-order sum of the per-cluster dR), timed with CUDA events: the median
+// of 30 runs after 5 warm-up runs, printed in microseconds a call and a step.
+//
+//   nvcc -std=c++20 -O3 -arch=sm_90 --expt-relaxed-constexpr -Icsrc \
+//     benchmarks/time_cuda_kernels.cu csrc/cuda/recurrence.cu -o time_cuda_kernels
+//   ./time_cuda_kernels 1000,8,128 100,32,256 200,64,512     # T,N,H per shape
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "cuda/recurrence.h"
+#include "cuda/recurrence_plan.h"
+
+namespace {
+
+using namespace sgrnn;
+using namespace sgrnn::cuda;
+
+#define CHECK(call)                                                                      \
+  do {                                                                                   \
+    const cudaError_t err_ = (call);                                                     \
+    if (err_ != cudaSuccess) {                                                           \
+      std::fprintf(stderr, "%s: %s\n", #call, cudaGetErrorString(err_));                 \
+      std::exit(1);                                                                      \
+    }                                                                                    \
+  } while (0)
+
+float* DeviceRandom(size_t n, std::mt19937& rng, float scale) {
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> host(n);
+  for (float& v : host) v = normal(rng);
+  float* device = nullptr;
+  CHECK(cudaMalloc(&device, std::max<size_t>(1, n) * sizeof(float)));
+  CHECK(cudaMemcpy(device, host.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+  return device;
+}
+
+// Median microseconds of `launch` over 30 timed runs after 5 untimed ones.
+template <typename F>
+double MedianMicroseconds(F&& launch) {
+  cudaEvent_t start, stop;
+  CHECK(cudaEventCreate(&start));
+  CHECK(cudaEventCreate(&stop));
+  for (int i = 0; i < 5; ++i) CHECK(launch());
+  std::vector<double> times;
+  for (int i = 0; i < 30; ++i) {
+    CHECK(cudaEventRecord(start));
+    CHECK(launch());
+    CHECK(cudaEventRecord(stop));
+    CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, start, stop));
+    times.push_back(1000.0 * ms);
+  }
+  std::sort(times.begin(), times.end());
+  CHECK(cudaEventDestroy(start));
+  CHECK(cudaEventDestroy(stop));
+  return times[times.size() / 2];
+}
+
+void TimeShape(int64_t T, int64_t N, int64_t H, std::mt19937& rng) {
+  const int64_t D = 1, state = T * N * H;
+  const Config c{Activation::kTanh, false, false, true, false, false, true, false, false};
+  const Dims d{T, N, H, H, D};
+  int device = 0, sms = 0, shared = 0;
+  CHECK(cudaGetDevice(&device));
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  CHECK(cudaDeviceGetAttribute(&shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  const auto forward_plan = PlanRecurrence(H, N, D, sizeof(float), false, sms, shared);
+  const auto gradient_plan = PlanRecurrence(H, N, D, sizeof(float), true, sms, shared);
+
+  float* source = DeviceRandom(state, rng, 1.0f);
+  float* R = DeviceRandom(H * H, rng, 1.0f / std::sqrt(static_cast<float>(H)));
+  float* h0 = DeviceRandom(N * H, rng, 1.0f);
+  float* dy = DeviceRandom(state, rng, 1.0f);
+  float *y, *z, *dz, *dR, *dh0, *partial;
+  CHECK(cudaMalloc(&y, state * sizeof(float)));
+  CHECK(cudaMalloc(&z, state * sizeof(float)));
+  CHECK(cudaMalloc(&dz, state * sizeof(float)));
+  CHECK(cudaMalloc(&dR, H * H * sizeof(float)));
+  CHECK(cudaMalloc(&dh0, N * H * sizeof(float)));
+  const int64_t partial_bytes = gradient_plan ? PartialBytes(*gradient_plan, d, sizeof(float)) : 0;
+  CHECK(cudaMalloc(&partial, std::max<int64_t>(partial_bytes, 4)));
+
+  std::printf("T=%lld N=%lld H=%lld", static_cast<long long>(T), static_cast<long long>(N),
+              static_cast<long long>(H));
+  if (forward_plan) {
+    const ForwardArgs<float> fa{source, R, h0, MaskView<float>(), nullptr, y, z};
+    const double us = MedianMicroseconds(
+        [&] { return LaunchForward<float>(c, d, *forward_plan, fa, nullptr); });
+    std::printf("  forward %8.1f us (%.3f us/step; cluster %lld, rows %lld, %s)", us, us / T,
+                static_cast<long long>(forward_plan->cluster),
+                static_cast<long long>(forward_plan->rows), forward_plan->wide ? "wide" : "narrow");
+  }
+  if (gradient_plan) {
+    const GradientArgs<float> ga{R, dy, z, h0, MaskView<float>(), nullptr, dz, dR, dh0, partial};
+    const double us = MedianMicroseconds(
+        [&] { return LaunchGradients<float>(c, d, *gradient_plan, ga, nullptr); });
+    std::printf("  gradients %8.1f us (%.3f us/step; cluster %lld, rows %lld, %s)", us, us / T,
+                static_cast<long long>(gradient_plan->cluster),
+                static_cast<long long>(gradient_plan->rows),
+                gradient_plan->wide ? "wide" : "narrow");
+  }
+  std::printf("\n");
+  for (float* p : {source, R, h0, dy, y, z, dz, dR, dh0, partial}) CHECK(cudaFree(p));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::mt19937 rng(11);
+  for (int i = 1; i < argc; ++i) {
+    long long T = 0, N = 0, H = 0;
+    if (std::sscanf(argv[i], "%lld,%lld,%lld", &T, &N, &H) != 3) {
+      std::fprintf(stderr, "shape %s: expected T,N,H\n", argv[i]);
+      return 2;
+    }
+    TimeShape(T, N, H, rng);
+  }
+  return 0;
+}
