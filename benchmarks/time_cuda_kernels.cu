@@ -2,7 +2,9 @@
 // of kernel variants, where a build of the whole package per variant would cost minutes of
 // GPU time. Float32, tanh, with h0, no mask; each shape runs the forward and the gradients
 // (which include the in-order sum of the per-cluster dR), timed with CUDA events: the median
-// of 30 runs after 5 warm-up runs, printed in microseconds a call and a step.
+// of 30 runs after 5 warm-up runs, printed in microseconds a call and a step. Also the host's
+// time to do what the forward's FFI handler does before returning (query the device, plan,
+// enqueue the launch), per call over 100 calls.
 //
 //   nvcc -std=c++20 -O3 -arch=sm_90 --expt-relaxed-constexpr -Icsrc \
 //     benchmarks/time_cuda_kernels.cu csrc/cuda/recurrence.cu -o time_cuda_kernels
@@ -10,6 +12,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <random>
@@ -98,6 +101,18 @@ void TimeShape(int64_t T, int64_t N, int64_t H, std::mt19937& rng) {
     std::printf("  forward %8.1f us (%.3f us/step; cluster %lld, rows %lld, %s)", us, us / T,
                 static_cast<long long>(forward_plan->cluster),
                 static_cast<long long>(forward_plan->rows), forward_plan->wide ? "wide" : "narrow");
+    const auto host_start = std::chrono::steady_clock::now();
+    for (int i = 0; i < 100; ++i) {
+      CHECK(cudaGetDevice(&device));
+      CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+      CHECK(cudaDeviceGetAttribute(&shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+      const auto plan = PlanRecurrence(H, N, D, sizeof(float), false, sms, shared);
+      CHECK(LaunchForward<float>(c, d, *plan, fa, nullptr));
+    }
+    const double host_us = std::chrono::duration<double, std::micro>(
+                               std::chrono::steady_clock::now() - host_start).count() / 100;
+    CHECK(cudaDeviceSynchronize());
+    std::printf(" host %.1f us", host_us);
   }
   if (gradient_plan) {
     const GradientArgs<float> ga{R, dy, z, h0, MaskView<float>(), nullptr, dz, dR, dh0, partial};

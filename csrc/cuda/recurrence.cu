@@ -345,7 +345,10 @@ struct RingSlots {
   }
 };
 
-template <typename T, Activation A, int kGroup, bool kWide>
+// kPlain: no mask and no lengths, so that every row runs all T steps unmasked and the per-step
+// checks for both drop out (the common case). Measured at 1-10% faster forwards; the gradient
+// kernel does not take it (its wide blocks measured 4% slower with it).
+template <typename T, Activation A, int kGroup, bool kWide, bool kPlain>
 __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
     ForwardKernel(Config c, Geometry g, ForwardArgs<T> a) {
   constexpr int kSlice = SliceLength(sizeof(T), false, kWide);
@@ -353,6 +356,8 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
   const BlockMemory<T> mem(g, p, a.seq_lengths, false);
   const DirectionLayout layout = LayoutOf(c, p.direction);
   const int step = g.StepStride(), u = p.unit_in_block;
+  const auto length_of = [&](int b) { return kPlain ? g.T : static_cast<int>(mem.length[b]); };
+  const bool masked = !kPlain && a.mask.data != nullptr;
   T w[kSlice];  // row j of R
   LoadSlice(w, a.R, p, g, false);
 
@@ -361,10 +366,10 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
   const auto fetch = [&](int k, int slot) {
     if (p.owner && k < g.T) {
       for (int b = 0; b < p.rows; ++b) {
-        const StepTimes t = TimesOf(layout, k, mem.length[b]);
+        const StepTimes t = TimesOf(layout, k, length_of(b));
         FetchOr(&mem.Ring(slot, 0, b, u), a.source + t.in_time * step + p.Offset(b), t.valid,
                 T(0));
-        if (a.mask.data && k + 1 < g.T) {
+        if (masked && k + 1 < g.T) {
           CopyAsync(&mem.Ring(slot, 1, b, u), MaskPointer(a.mask, k + 1, p.row0 + b, p.column));
         }
       }
@@ -403,9 +408,9 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
         const int b = min(b0 + r, p.rows - 1);
         rows[r] = current + b * p.exchange_row;
         if (!p.owner) continue;
-        times[r] = TimesOf(layout, k, mem.length[b]);
+        times[r] = TimesOf(layout, k, length_of(b));
         input[r] = mem.Ring(slots.run, 0, b, u);
-        mask_next[r] = a.mask.data && k + 1 < g.T ? mem.Ring(slots.run, 1, b, u) : T(1);
+        mask_next[r] = masked && k + 1 < g.T ? mem.Ring(slots.run, 1, b, u) : T(1);
       }
       T acc[kGroup];
       SliceProducts<T, kSlice, kGroup>(rows, w, acc, [](int, int, T) {});
@@ -629,6 +634,12 @@ cudaError_t DispatchShape(const RecurrencePlan& plan, F&& f) {
   return plan.rows >= 3 ? f.template operator()<4, false>() : f.template operator()<1, false>();
 }
 
+// Calls f.template operator()<kPlain>(): whether the call has neither a mask nor lengths.
+template <typename F>
+cudaError_t DispatchPlain(bool plain, F&& f) {
+  return plain ? f.template operator()<true>() : f.template operator()<false>();
+}
+
 template <typename F>
 cudaError_t DispatchActivationOf(Activation activation, F&& f) {
   cudaError_t err = cudaSuccess;
@@ -645,7 +656,10 @@ cudaError_t LaunchForward(const Config& c, const Dims& d, const RecurrencePlan& 
   const Geometry geometry = GeometryOf(d, plan, sizeof(T));
   return DispatchActivationOf(c.activation, [&]<Activation A>() {
     return DispatchShape(plan, [&]<int kGroup, bool kWide>() {
-      return Launch(ForwardKernel<T, A, kGroup, kWide>, plan, d.D, stream, c, geometry, args);
+      return DispatchPlain(!args.mask.data && !args.seq_lengths, [&]<bool kPlain>() {
+        return Launch(ForwardKernel<T, A, kGroup, kWide, kPlain>, plan, d.D, stream, c, geometry,
+                      args);
+      });
     });
   });
 }
