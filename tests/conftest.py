@@ -182,6 +182,12 @@ def _fast_compile_options() -> dict:
 FAST_COMPILE_OPTIONS = _fast_compile_options()
 
 
+def lowered_text(fn, *args, platform: str = "cpu") -> str:
+    """The StableHLO of jax.jit(fn) lowered for `platform`, whatever the default device is
+    (the HLO tests check one platform's lowering; on a GPU machine the default is the GPU)."""
+    return jax.jit(fn).trace(*args).lower(lowering_platforms=(platform,)).as_text()
+
+
 def ref_jit(f, **kw):
     """jax.jit for oracle (reference) computations: fast, unoptimised compilation."""
     return jax.jit(f, compiler_options=FAST_COMPILE_OPTIONS, **kw)

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 import jax_sgrnn
-from conftest import (ACTIVATIONS, assert_close, full_results, make_inputs, out_shape,
-                      random_array)
+from conftest import (ACTIVATIONS, assert_close, full_results, lowered_text, make_inputs,
+                      out_shape, random_array)
 
 op = jax_sgrnn.single_gate_rnn
 ref = jax_sgrnn.reference
@@ -28,10 +28,6 @@ requires_cuda_build = pytest.mark.skipif(
     not CUDA.available, reason=f"package built without the CUDA handler ({CUDA.reason})")
 ON_GPU = CUDA.available and jax.default_backend() == "gpu"
 requires_gpu = pytest.mark.skipif(not ON_GPU, reason="needs an NVIDIA GPU and the CUDA build")
-
-
-def _lowered_text(fn, *args, platform: str = "cuda") -> str:
-    return jax.jit(fn).trace(*args).lower(lowering_platforms=(platform,)).as_text()
 
 
 def _grid_flags():
@@ -168,10 +164,11 @@ def test_lowering_for_cuda_emits_the_custom_calls_that_pay(rng, N, H, fwd_call, 
     def loss(x, R):
         return jnp.sum(op(x, R, inputs["input_weight"], inputs["bias"], activation="tanh"))
 
-    forward = _lowered_text(lambda x, R: op(x, R, activation="tanh", training=False),
-                            inputs["source"][..., :1].repeat(H, -1), inputs["recurrent_weight"])
-    both = _lowered_text(jax.grad(loss, argnums=(0, 1)), inputs["source"],
-                         inputs["recurrent_weight"])
+    forward = lowered_text(lambda x, R: op(x, R, activation="tanh", training=False),
+                           inputs["source"][..., :1].repeat(H, -1), inputs["recurrent_weight"],
+                           platform="cuda")
+    both = lowered_text(jax.grad(loss, argnums=(0, 1)), inputs["source"],
+                        inputs["recurrent_weight"], platform="cuda")
     assert ("jax_sgrnn_cuda_forward" in forward) == fwd_call
     assert ("stablehlo.while" in forward) != fwd_call
     assert ("jax_sgrnn_cuda_gradients" in both) == bwd_call
@@ -188,7 +185,8 @@ def test_calls_beyond_32_bit_indices_lower_to_the_decomposition(T, fwd_call):
     2^31 lowers to the decomposition (abstract shapes only: nothing is allocated)."""
     x = jax.ShapeDtypeStruct((T, 256, 128), jnp.float32)
     R = jax.ShapeDtypeStruct((128, 128), jnp.float32)
-    text = _lowered_text(lambda x, R: op(x, R, activation="tanh", training=False), x, R)
+    text = lowered_text(lambda x, R: op(x, R, activation="tanh", training=False), x, R,
+                        platform="cuda")
     assert ("jax_sgrnn_cuda_forward" in text) == fwd_call
     assert ("stablehlo.while" in text) != fwd_call
 
@@ -205,7 +203,8 @@ def test_gpus_older_than_sm90_lower_to_the_decomposition(rng, monkeypatch):
     def forward(x, R, W):
         return op(x, R, W, activation="tanh")
 
-    assert "jax_sgrnn_cuda_forward" in _lowered_text(forward, *args)
+    assert "jax_sgrnn_cuda_forward" in lowered_text(forward, *args, platform="cuda")
     monkeypatch.setattr(_backends, "cuda_devices_run_handler", lambda: False)
-    text = _lowered_text(lambda *a: forward(*a), *args)  # a new function: not the cached lowering
+    # a new function: not the cached lowering
+    text = lowered_text(lambda *a: forward(*a), *args, platform="cuda")
     assert "jax_sgrnn_cuda_forward" not in text and "stablehlo.while" in text

@@ -12,9 +12,9 @@ import pytest
 
 import jax_sgrnn
 from conftest import (ACTIVATIONS, MASK_KINDS, OPTIONAL_PATTERNS, assert_close, diff_inputs,
-                      full_results, grid_every_activation, grid_every_pattern, make_inputs,
-                      make_mask, out_shape, pattern_id, random_array, ref_jit, requires_native,
-                      value_and_grads)
+                      full_results, grid_every_activation, grid_every_pattern, lowered_text,
+                      make_inputs, make_mask, out_shape, pattern_id, random_array, ref_jit,
+                      requires_native, value_and_grads)
 
 op = jax_sgrnn.single_gate_rnn
 ref = jax_sgrnn.reference
@@ -326,7 +326,7 @@ def _custom_call_lines(text, target):
 def test_hlo_forward_and_grad_use_custom_calls(native_backend, rng, bi):
     inputs = make_inputs(rng, 4, 3, 3, 5, bidirectional=bi, mask="bool")
     flags = dict(activation="tanh", bidirectional=bi)
-    fwd_text = jax.jit(lambda i: op(**i, **flags)).lower(inputs).as_text()
+    fwd_text = lowered_text(lambda i: op(**i, **flags), inputs)
     fwd_calls = _custom_call_lines(fwd_text, NATIVE["forward"])
     assert fwd_calls, fwd_text
     assert not _custom_call_lines(fwd_text, NATIVE["gradients"])
@@ -337,7 +337,7 @@ def test_hlo_forward_and_grad_use_custom_calls(native_backend, rng, bi):
 
     c = random_array(rng, out_shape(inputs, bi), jnp.float64)
     grad_fn = jax.grad(lambda d: jnp.sum(op(**{**inputs, **d}, **flags) * c))
-    grad_text = jax.jit(grad_fn).lower(diff_inputs(inputs)).as_text()
+    grad_text = lowered_text(grad_fn, diff_inputs(inputs))
     fwd_in_grad = _custom_call_lines(grad_text, NATIVE["forward"])
     assert fwd_in_grad, grad_text
     assert _custom_call_lines(grad_text, NATIVE["gradients"]), grad_text
@@ -350,9 +350,9 @@ def test_hlo_forward_and_grad_use_custom_calls(native_backend, rng, bi):
 def test_hlo_gradients_op_uses_custom_call(native_backend, rng):
     inputs = make_inputs(rng, 4, 3, 3, 5)
     _, z = ref(**inputs, training=True)
-    text = jax.jit(lambda i, dy, z: jax_sgrnn.single_gate_rnn_gradients(
+    text = lowered_text(lambda i, dy, z: jax_sgrnn.single_gate_rnn_gradients(
         i["source"], i["recurrent_weight"], dy, z, i["input_weight"], i["bias"],
-        i["init_state"])).lower(inputs, z, z).as_text()
+        i["init_state"]), inputs, z, z)
     assert _custom_call_lines(text, NATIVE["gradients"]), text
     assert not _custom_call_lines(text, NATIVE["forward"])
 
@@ -362,8 +362,8 @@ def test_hlo_gradients_op_uses_custom_call(native_backend, rng):
                          ids=["float16", "bfloat16", "float32"])
 def test_hlo_custom_call_for_other_dtypes(native_backend, rng, dtype):
     inputs = make_inputs(rng, 4, 3, 3, 5, dtype=dtype)
-    text = jax.jit(jax.grad(lambda d: jnp.sum(op(**{**inputs, **d}).astype(jnp.float32)))
-                   ).lower(diff_inputs(inputs)).as_text()
+    text = lowered_text(jax.grad(lambda d: jnp.sum(op(**{**inputs, **d}).astype(jnp.float32))),
+                        diff_inputs(inputs))
     assert _custom_call_lines(text, NATIVE["forward"])
     assert _custom_call_lines(text, NATIVE["gradients"])
 

@@ -13,7 +13,8 @@ import pytest
 
 import jax_sgrnn
 from conftest import (assert_close, diff_inputs, full_results, grid_every_activation,
-                      grid_every_pattern, make_inputs, out_shape, random_array, ref_jit)
+                      grid_every_pattern, lowered_text, make_inputs, out_shape, random_array,
+                      ref_jit)
 
 op = jax_sgrnn.single_gate_rnn
 ref = jax_sgrnn.reference
@@ -252,12 +253,12 @@ def test_hlo_is_the_custom_call_and_mps_falls_back_to_the_decomposition(native_b
     def fn(x):
         return jnp.sum(op(**{**inputs, "source": x}, seq_lengths=lengths) ** 2)
 
-    text = jax.jit(jax.grad(fn)).lower(inputs["source"]).as_text()
+    text = lowered_text(jax.grad(fn), inputs["source"])
     targets = jax_sgrnn.backends()["native"].targets
     assert targets["forward"] in text and targets["gradients"] in text
     assert "while" not in text
     with jax_sgrnn.set_cpu_backend("mps"):
-        text = jax.jit(jax.grad(fn)).lower(inputs["source"]).as_text()
+        text = lowered_text(jax.grad(fn), inputs["source"])
         mps = jax_sgrnn.backends()["mps"].targets
         assert mps["forward"] not in text and "while" in text
         assert_close(jax.grad(fn)(inputs["source"]), jax.grad(
