@@ -107,8 +107,9 @@ __device__ inline unsigned SharedAddress(const void* p) {
   return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
 
-// How the steps of the loop hand their state over. Step i (the i-th processed) reads exchange
-// buffer i & 1, which the steps' owner threads filled during step i - 1.
+// How the steps of the loop hand their state over. Step i (the i-th processed) reads one of the
+// two exchange buffers, which the owner threads filled during step i - 1, and fills the other;
+// mbarrier i & 1 tracks the buffer that step i reads.
 //
 // In one block that takes a block barrier at the end of each step. In a cluster, a barrier
 // (barrier.cluster with release semantics) also waits for every global store the block has
@@ -116,9 +117,9 @@ __device__ inline unsigned SharedAddress(const void* p) {
 // kernel ends. So there the owners write with st.async, which signals the receiving block's
 // mbarrier of that buffer with the bytes written, and each block waits on its own mbarrier for
 // the bytes of all H units of its rows: no cluster barrier and no fence inside the loop.
-// Reuse is safe: a block writes buffer i & 1 of another only after it received all of step
-// i - 1's values, each of which its owner sent after its warp had read buffer i & 1 for step
-// i - 2 (every warp with a unit holds owners; warps without one skip the products).
+// Reuse is safe: a block writes step i + 1's buffer of another block only after it received
+// all of step i's values, each of which its owner sent after its warp had read that buffer for
+// step i - 1 (every warp with a unit holds owners; warps without one skip the products).
 template <typename T>
 struct StepSignal {
   uint64_t* arrived;  // [2]: per exchange buffer, in the block's shared memory

@@ -84,6 +84,8 @@ void PlansCoverTheBatch() {
                 what + ": rows split");
           Check(p->shared_bytes <= 227 * 1024, what + ": shared memory");
           Check(p->shared_bytes >= 2 * p->ExchangeElements(4) * 4, what + ": two buffers");
+          Check(p->shared_bytes == kSignalBytes + p->rows * SharedBytesPerRow(*p, 4, gradients),
+                what + ": the mbarriers and the rows' memory");
           const bool one_wave = p->clusters * p->cluster * D <= 132;
           const bool memory_bound = p->shared_bytes + p->shared_bytes / p->rows > 227 * 1024;
           Check(one_wave || memory_bound, what + ": one wave unless shared memory limits");
