@@ -195,6 +195,11 @@ struct StepSignal {
   __device__ void End() const {
     if (cluster == 1) __syncthreads();
   }
+
+  // After the last step: in a cluster, no block leaves while another may still write to it.
+  __device__ void Finish() const {
+    if (cluster > 1) ClusterBarrier(cluster);
+  }
 };
 
 template <typename T>
@@ -438,7 +443,7 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
     }
     signal.End();
   }
-  if (g.cluster > 1) ClusterBarrier(g.cluster);  // no block leaves while another may write to it
+  signal.Finish();
 }
 
 template <typename T, Activation A, int kGroup, bool kWide>
@@ -557,7 +562,7 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
     __syncwarp();  // the owners' h m for the next step, which the unit's other slices read
     signal.End();
   }
-  if (g.cluster > 1) ClusterBarrier(g.cluster);  // no block leaves while another may write to it
+  signal.Finish();
 
   if (p.owner && a.dh0) {
     for (int b = 0; b < p.rows; ++b) a.dh0[p.Offset(b)] = mem.State(b, u);

@@ -138,7 +138,8 @@ SGRNN_HOST_DEVICE inline float FastTanh(float x) {
   q = q * x2 + 1.18534705686654e-04f;
   q = q * x2 + 2.26843463243900e-03f;
   q = q * x2 + 4.89352518554385e-03f;
-  const float ratio = ActivationDivide(p, q);  // computed unconditionally so the selects below vectorise
+  // Computed unconditionally so that the selects below vectorise.
+  const float ratio = ActivationDivide(p, q);
   const float ax = std::abs(x);
   return ax < 0.0004f ? x : (ax >= kClamp ? std::copysign(1.0f, x) : ratio);
 }
