@@ -2,7 +2,9 @@
 // of kernel variants, where a build of the whole package per variant would cost minutes of
 // GPU time. Float32, tanh, with h0, no mask; each shape runs the forward and the gradients
 // (which include the in-order sum of the per-cluster dR), timed with CUDA events: the median
-// of 30 runs after 5 warm-up runs, printed in microseconds a call and a step. Also the host's
+// of 30 runs after 5 warm-up runs, printed in microseconds a call and a step; then again with
+// the GPU left idle for 1 ms before each run ("waited"), as a caller that waits for each call
+// leaves it, to tell the kernel's cost after idle from the host's share. Also the host's
 // time to do what the forward's FFI handler does before returning (query the device, plan,
 // enqueue the launch), per call over 100 calls.
 //
@@ -16,6 +18,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "cuda/recurrence.h"
@@ -45,15 +48,17 @@ float* DeviceRandom(size_t n, std::mt19937& rng, float scale) {
   return device;
 }
 
-// Median microseconds of `launch` over 30 timed runs after 5 untimed ones.
+// Median microseconds of `launch` over 30 timed runs after 5 untimed ones, each timed run
+// after `idle` of the GPU doing nothing.
 template <typename F>
-double MedianMicroseconds(F&& launch) {
+double MedianMicroseconds(F&& launch, std::chrono::microseconds idle = {}) {
   cudaEvent_t start, stop;
   CHECK(cudaEventCreate(&start));
   CHECK(cudaEventCreate(&stop));
   for (int i = 0; i < 5; ++i) CHECK(launch());
   std::vector<double> times;
   for (int i = 0; i < 30; ++i) {
+    if (idle.count() > 0) std::this_thread::sleep_for(idle);
     CHECK(cudaEventRecord(start));
     CHECK(launch());
     CHECK(cudaEventRecord(stop));
@@ -67,6 +72,8 @@ double MedianMicroseconds(F&& launch) {
   CHECK(cudaEventDestroy(stop));
   return times[times.size() / 2];
 }
+
+constexpr std::chrono::milliseconds kIdle{1};
 
 void TimeShape(int64_t T, int64_t N, int64_t H, std::mt19937& rng) {
   const int64_t D = 1, state = T * N * H;
@@ -96,9 +103,11 @@ void TimeShape(int64_t T, int64_t N, int64_t H, std::mt19937& rng) {
               static_cast<long long>(H));
   if (forward_plan) {
     const ForwardArgs<float> fa{source, R, h0, MaskView<float>(), nullptr, y, z};
-    const double us = MedianMicroseconds(
-        [&] { return LaunchForward<float>(c, d, *forward_plan, fa, nullptr); });
-    std::printf("  forward %8.1f us (%.3f us/step; cluster %lld, rows %lld, %s)", us, us / T,
+    const auto launch = [&] { return LaunchForward<float>(c, d, *forward_plan, fa, nullptr); };
+    const double us = MedianMicroseconds(launch);
+    const double waited_us = MedianMicroseconds(launch, kIdle);
+    std::printf("  forward %8.1f us, waited %8.1f (%.3f us/step; cluster %lld, rows %lld, %s)",
+                us, waited_us, us / T,
                 static_cast<long long>(forward_plan->cluster),
                 static_cast<long long>(forward_plan->rows), forward_plan->wide ? "wide" : "narrow");
     const auto host_start = std::chrono::steady_clock::now();
@@ -116,9 +125,11 @@ void TimeShape(int64_t T, int64_t N, int64_t H, std::mt19937& rng) {
   }
   if (gradient_plan) {
     const GradientArgs<float> ga{R, dy, z, h0, MaskView<float>(), nullptr, dz, dR, dh0, partial};
-    const double us = MedianMicroseconds(
-        [&] { return LaunchGradients<float>(c, d, *gradient_plan, ga, nullptr); });
-    std::printf("  gradients %8.1f us (%.3f us/step; cluster %lld, rows %lld, %s)", us, us / T,
+    const auto launch = [&] { return LaunchGradients<float>(c, d, *gradient_plan, ga, nullptr); };
+    const double us = MedianMicroseconds(launch);
+    const double waited_us = MedianMicroseconds(launch, kIdle);
+    std::printf("  gradients %8.1f us, waited %8.1f (%.3f us/step; cluster %lld, rows %lld, %s)",
+                us, waited_us, us / T,
                 static_cast<long long>(gradient_plan->cluster),
                 static_cast<long long>(gradient_plan->rows),
                 gradient_plan->wide ? "wide" : "narrow");

@@ -120,6 +120,21 @@ def _recurrence_only_gradients(x, R, dy, z, opt: dict, *, config: OpConfig,
     return [g.astype(dtype) for g in grads]
 
 
+# Steps per iteration of the decomposition's scans. XLA on GPUs runs each iteration's kernels
+# as launches from the host, or as one CUDA graph where the body has enough of them (the lean
+# forward step alone had too few), and evaluates the loop's condition once per iteration, so
+# several steps per iteration cut the per-step overhead (docs/performance.md, "The
+# decomposition's step body"). Read at lowering time.
+DECOMPOSITION_UNROLL = 4
+
+
+def _lower_decomposition(ctx, *args, config: OpConfig, decomposition):
+    """The ``lax.scan`` decomposition: the rule of platforms without a handler, and of calls
+    their handler does not run. XLA partitions it like any JAX code."""
+    fn = functools.partial(decomposition, config=config, unroll=DECOMPOSITION_UNROLL)
+    return mlir.lower_fun(fn, multiple_results=True)(ctx, *args)
+
+
 def _lower(ctx, *args, config: OpConfig, platform: str, custom_call, decomposition):
     backend = backend_for_platform(config.backends, platform)
     gradients = custom_call is _ffi_gradients
@@ -128,19 +143,17 @@ def _lower(ctx, *args, config: OpConfig, platform: str, custom_call, decompositi
                                                 source.shape[-2], config.descriptor.directions,
                                                 source.dtype, gradients):
         backend = None  # sizes (or GPUs) this handler's kernels do not run, or run slower
-    if backend is None:  # XLA partitions the decomposition like any JAX code
-        fn = functools.partial(decomposition, config=config)
-    else:
-        fn = partitioned(ctx, functools.partial(custom_call, backend=backend, config=config),
-                         config)
+    if backend is None:
+        return _lower_decomposition(ctx, *args, config=config, decomposition=decomposition)
+    fn = partitioned(ctx, functools.partial(custom_call, backend=backend, config=config), config)
     return mlir.lower_fun(fn, multiple_results=True)(ctx, *args)
 
 
-for _primitive, _custom_call, _decomposition in ((forward_p, _ffi_forward, forward_reference),
-                                                 (gradients_p, _ffi_gradients,
-                                                  gradients_reference)):
-    mlir.register_lowering(_primitive, mlir.lower_fun(_decomposition, multiple_results=True))
+for _primitive, _custom_call, _scan in ((forward_p, _ffi_forward, forward_reference),
+                                        (gradients_p, _ffi_gradients, gradients_reference)):
+    mlir.register_lowering(_primitive, functools.partial(_lower_decomposition,
+                                                         decomposition=_scan))
     for _platform in platforms():
         mlir.register_lowering(
             _primitive, functools.partial(_lower, platform=_platform, custom_call=_custom_call,
-                                          decomposition=_decomposition), platform=_platform)
+                                          decomposition=_scan), platform=_platform)

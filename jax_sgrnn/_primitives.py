@@ -137,9 +137,10 @@ forward_p.def_abstract_eval(_forward_abstract_eval)
 forward_p.def_impl(_eager_impl(forward_p))
 
 
-def forward_reference(x, R, *rest, config: OpConfig) -> list:
-    """The forward primitive computed by the ``lax.scan`` reference (the portable lowering)."""
-    out = reference(x, R, descriptor=config.descriptor, **config.optionals(rest))
+def forward_reference(x, R, *rest, config: OpConfig, unroll: int = 1) -> list:
+    """The forward primitive computed by the ``lax.scan`` reference (the portable lowering,
+    with ``unroll`` steps per loop iteration)."""
+    out = reference(x, R, descriptor=config.descriptor, unroll=unroll, **config.optionals(rest))
     return list(out) if config.descriptor.training else [out]
 
 
@@ -235,8 +236,9 @@ gradients_p.def_abstract_eval(_gradients_abstract_eval)
 gradients_p.def_impl(_eager_impl(gradients_p))
 
 
-def gradients_reference(x, R, dy, z, *rest, config: OpConfig) -> list:
-    """The gradient primitive by explicit BPTT in ``lax.scan`` (the portable lowering)."""
+def gradients_reference(x, R, dy, z, *rest, config: OpConfig, unroll: int = 1) -> list:
+    """The gradient primitive by explicit BPTT in ``lax.scan`` (the portable lowering, with
+    ``unroll`` steps per loop iteration)."""
     opt = config.optionals(rest)
     axes = dict(input_weight=None, bias=None, init_state=0, seq_lengths=0,
                 mask=None if opt["mask"] is None or opt["mask"].shape[0] == 1 else 0)
@@ -244,7 +246,8 @@ def gradients_reference(x, R, dy, z, *rest, config: OpConfig) -> list:
         opt["mask"] = opt["mask"][0]
 
     def one(x, dy, z, opt):
-        return reference_gradients(x, R, dy, z, descriptor=config.descriptor, **opt)
+        return reference_gradients(x, R, dy, z, descriptor=config.descriptor, unroll=unroll,
+                                   **opt)
 
     if x.shape[0] == 1:  # the usual case: no vmap, whose [1, N, H] carries are slower on GPUs
         take = lambda a, axis: a if a is None or axis is None else a[0]

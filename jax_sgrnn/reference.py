@@ -115,8 +115,9 @@ def reference(source, recurrent_weight, input_weight=None, bias=None, init_state
               mask=None, descriptor: Optional[SingleGateRNNDescriptor] = None, *,
               seq_lengths=None, reverse: Optional[bool] = None,
               bidirectional: Optional[bool] = None, training: Optional[bool] = None,
-              activation=None):
-    """Single-gate RNN forward with ``lax.scan``; same signature as ``single_gate_rnn``.
+              activation=None, unroll: int = 1):
+    """Single-gate RNN forward with ``lax.scan``; same signature as ``single_gate_rnn``, plus
+    ``unroll``, the steps per iteration of the scan's loop (``lax.scan``'s own argument).
 
     Returns ``y``, or ``(y, z)`` when ``training``.
     """
@@ -151,7 +152,7 @@ def reference(source, recurrent_weight, input_weight=None, bias=None, init_state
             inputs["m"] = _halves(m, dims)[d]
         if valid is not None:
             inputs["valid"] = valid
-        _, out_d = lax.scan(step, h0_d, inputs)
+        _, out_d = lax.scan(step, h0_d, inputs, unroll=unroll)
         outs.append(flip_rows(out_d, lengths) if store_flipped else out_d)
     out = outs[0] if dims.D == 1 else jnp.concatenate(outs, axis=-1)
     if not desc.training:
@@ -167,8 +168,9 @@ def reference_gradients(source, recurrent_weight, source_gradient, z_state, inpu
                         descriptor: Optional[SingleGateRNNDescriptor] = None, *,
                         seq_lengths=None, reverse: Optional[bool] = None,
                         bidirectional: Optional[bool] = None, training: Optional[bool] = None,
-                        activation=None) -> list:
-    """The gradient op as explicit backpropagation through time (spec, "Gradient op").
+                        activation=None, unroll: int = 1) -> list:
+    """The gradient op as explicit backpropagation through time (spec, "Gradient op");
+    ``unroll`` as in :func:`reference`.
 
     Returns ``[d source, d recurrent_weight]`` followed by ``d input_weight``, ``d bias`` and
     ``d init_state`` for those given, in that order.
@@ -210,7 +212,7 @@ def reference_gradients(source, recurrent_weight, source_gradient, z_state, inpu
             inputs["m"] = m_d
         if valid is not None:
             inputs["valid"] = valid
-        dh0_d, dz = lax.scan(step, jnp.zeros_like(h0_d), inputs, reverse=True)
+        dh0_d, dz = lax.scan(step, jnp.zeros_like(h0_d), inputs, reverse=True, unroll=unroll)
         dRs.append(jnp.einsum("tnh,tnk->hk", dz, hm, precision=_HIGHEST))
         dxps.append(flip_rows(dz, lengths) if read_reversed else dz)  # to source time
         dh0s.append(dh0_d)

@@ -129,6 +129,12 @@ def make_mask(rng, shape, kind, dtype):
     raise ValueError(kind)
 
 
+#: Steps for tests that look for the decomposition's while loop: more than the steps it runs
+#: per iteration (jax_sgrnn._lowering.DECOMPOSITION_UNROLL; a scan no longer than that is
+#: unrolled whole and has no loop).
+LOOP_T = 9
+
+
 def make_inputs(rng, T=4, N=3, I=3, H=5, *, bidirectional=False, input_weight=True,
                 bias=True, init_state=True, mask=None, mask_shape=None,
                 dtype=jnp.float64) -> dict:

@@ -17,7 +17,7 @@ import pytest
 
 import jax_sgrnn
 from jax_sgrnn import _backends
-from conftest import diff_inputs, make_inputs, random_array, requires_native
+from conftest import LOOP_T, diff_inputs, make_inputs, random_array, requires_native
 
 TABLE = jax_sgrnn.backends()
 MPS_RUNS_HERE = TABLE["mps"].available
@@ -173,7 +173,7 @@ def test_set_cpu_backend_rejects_unknown_names():
 @requires_native
 def test_the_choice_is_part_of_the_jit_cache_key(rng):
     """A jitted function is traced again when the choice changes, and runs what was chosen."""
-    inputs = make_inputs(rng, dtype=jnp.float32)
+    inputs = make_inputs(rng, LOOP_T, dtype=jnp.float32)
     traces = []
 
     @jax.jit
@@ -193,7 +193,7 @@ def test_the_choice_is_part_of_the_jit_cache_key(rng):
 
 def test_scan_lowers_the_decomposition_on_cpu(rng):
     with jax_sgrnn.set_cpu_backend("scan"):
-        text = _forward_and_grad(make_inputs(rng, dtype=jnp.float32), {})
+        text = _forward_and_grad(make_inputs(rng, LOOP_T, dtype=jnp.float32), {})
     assert not _custom_calls(text)
     assert "stablehlo.while" in text
 

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 import jax_sgrnn
-from conftest import (ACTIVATIONS, assert_close, full_results, lowered_text, make_inputs,
-                      out_shape, random_array)
+from conftest import (ACTIVATIONS, LOOP_T, assert_close, full_results, lowered_text,
+                      make_inputs, out_shape, random_array)
 
 op = jax_sgrnn.single_gate_rnn
 ref = jax_sgrnn.reference
@@ -159,7 +159,7 @@ def test_lowering_for_cuda_emits_the_custom_calls_that_pay(rng, N, H, fwd_call, 
     """Lowered for cuda (no GPU needed): the handler's calls and no while loop where R fits
     and the batch is small enough for the kernel to win (recurrence_plan.h, PreferOnChip),
     the lax.scan decomposition elsewhere."""
-    inputs = make_inputs(rng, 3, N, 4, H, dtype=jnp.float32)
+    inputs = make_inputs(rng, LOOP_T, N, 4, H, dtype=jnp.float32)
 
     def loss(x, R):
         return jnp.sum(op(x, R, inputs["input_weight"], inputs["bias"], activation="tanh"))
@@ -197,7 +197,7 @@ def test_gpus_older_than_sm90_lower_to_the_decomposition(rng, monkeypatch):
     op lowers to the decomposition instead of failing at run time."""
     from jax_sgrnn import _backends
 
-    inputs = make_inputs(rng, 3, 2, 4, 32, dtype=jnp.float32)
+    inputs = make_inputs(rng, LOOP_T, 2, 4, 32, dtype=jnp.float32)
     args = (inputs["source"], inputs["recurrent_weight"], inputs["input_weight"])
 
     def forward(x, R, W):

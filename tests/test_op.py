@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 import jax_sgrnn
-from conftest import (ACTIVATIONS, MASK_KINDS, OPTIONAL_PATTERNS, assert_close, diff_inputs,
-                      full_results, grid_every_activation, grid_every_pattern, lowered_text,
-                      make_inputs, make_mask, out_shape, pattern_id, random_array, ref_jit,
-                      requires_native, value_and_grads)
+from conftest import (ACTIVATIONS, LOOP_T, MASK_KINDS, OPTIONAL_PATTERNS, assert_close,
+                      diff_inputs, full_results, grid_every_activation, grid_every_pattern,
+                      lowered_text, make_inputs, make_mask, out_shape, pattern_id, random_array,
+                      ref_jit, requires_native, value_and_grads)
 
 op = jax_sgrnn.single_gate_rnn
 ref = jax_sgrnn.reference
@@ -371,7 +371,7 @@ def test_hlo_custom_call_for_other_dtypes(native_backend, rng, dtype):
 def test_lowering_for_other_platforms_is_the_decomposition(rng):
     """Off CPU (here: lowering for TPU, which needs no device) the op lowers to the lax.scan
     decomposition, not to the CPU custom calls."""
-    inputs = make_inputs(rng, 4, 3, 3, 5)
+    inputs = make_inputs(rng, LOOP_T, 3, 3, 5)
     traced = jax.jit(jax.grad(lambda d: jnp.sum(op(**{**inputs, **d})))).trace(
         diff_inputs(inputs))
     try:

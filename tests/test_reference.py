@@ -125,3 +125,23 @@ def test_reference_autodiff_at_activation_kinks_follows_spec(act):
     expected = jax_sgrnn.reference_gradients(x, R, jnp.ones_like(z), z, activation=act)
     autodiff = jax.grad(lambda x, R: jnp.sum(ref(x, R, activation=act)), argnums=(0, 1))(x, R)
     assert_close(list(autodiff), expected)
+
+
+@pytest.mark.parametrize("T", [1, 6, 9])
+def test_unrolled_scans_match_one_step_per_iteration(rng, T):
+    """``unroll`` (what the decomposition lowers with) changes the loop, not the result: the
+    forward and the gradient op at 4 steps per iteration against 1, for lengths that are not
+    a multiple of 4 and with lengths and a mask, in float64."""
+    inputs = make_inputs(rng, T, 3, 2, 4, bidirectional=True, mask="float")
+    flags = dict(bidirectional=True, activation="tanh",
+                 seq_lengths=jnp.array([T, 0, max(T - 2, 1)], jnp.int32))
+    forward = {u: jax.jit(lambda i, u=u: ref(**i, **flags, training=True, unroll=u))(inputs)
+               for u in (1, 4)}
+    for a, b in zip(forward[4], forward[1], strict=True):
+        assert_close(a, b)
+    y, z = forward[1]
+    dy = random_array(rng, y.shape, y.dtype)
+    grads = {u: jax.jit(lambda i, u=u: jax_sgrnn.reference_gradients(
+        **i, source_gradient=dy, z_state=z, **flags, unroll=u))(inputs) for u in (1, 4)}
+    for a, b in zip(grads[4], grads[1], strict=True):
+        assert_close(a, b)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import jax_sgrnn
-from conftest import (assert_close, diff_inputs, full_results, grid_every_activation,
+from conftest import (LOOP_T, assert_close, diff_inputs, full_results, grid_every_activation,
                       grid_every_pattern, lowered_text, make_inputs, out_shape, random_array,
                       ref_jit)
 
@@ -247,7 +247,7 @@ def test_hlo_is_the_custom_call_and_mps_falls_back_to_the_decomposition(native_b
     """Lengths run natively in the CPU handler (no while loop); MPSGraph has no lengths, so
     with "mps" chosen such a call lowers to the decomposition, never to a wrong answer
     (float32: float64 goes to the native handler whatever is chosen)."""
-    inputs = make_inputs(rng, 4, 3, 2, 3, dtype=jnp.float32)
+    inputs = make_inputs(rng, LOOP_T, 3, 2, 3, dtype=jnp.float32)
     lengths = jnp.array([1, 4, 2], jnp.int32)
 
     def fn(x):
