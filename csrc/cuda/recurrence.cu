@@ -8,9 +8,10 @@
 // (s == 0) applies the elementwise rule and writes the result into the other exchange buffer of
 // every block of the cluster (StepSignal: a block barrier ends the step, or in a cluster each
 // block waits on an mbarrier for its rows' values). Two buffers alternate, so that no block
-// overwrites what another is still reading. What a step reads from global memory
-// is fetched two steps ahead into shared memory (cp.async); hidden sizes that one block holds
-// whole run "wide" blocks with twice the slice per thread (recurrence_plan.h).
+// overwrites what another is still reading. The forward's owners read a step's operands from
+// global memory before its products; the gradients' are fetched two steps ahead into shared
+// memory (cp.async). Hidden sizes that one block holds whole run "wide" blocks with twice the
+// slice per thread (recurrence_plan.h).
 #include <cooperative_groups.h>
 
 #include <algorithm>
@@ -57,10 +58,10 @@ __device__ inline StepTimes TimesOf(const DirectionLayout& layout, int k, int le
           valid};
 }
 
-// Asynchronous copies from global into shared memory (cp.async, sm_80 and later): a step's
-// operands are requested kPrefetchDepth - 1 steps before it runs, so that their latency hides
-// behind the steps between instead of stalling the step's critical path. Each owner thread
-// fetches, waits for and reads only its own entries, so no barrier is needed for them.
+// Asynchronous copies from global into shared memory (cp.async, sm_80 and later): a gradient
+// step's operands are requested kPrefetchDepth - 1 steps before it runs, so that their latency
+// hides behind the steps between instead of stalling the step's critical path. Each owner
+// thread fetches, waits for and reads only its own entries, so no barrier is needed for them.
 template <typename T>
 __device__ inline void CopyAsync(T* shared, const T* global) {
   static_assert(sizeof(T) == 4 || sizeof(T) == 8);
@@ -308,7 +309,7 @@ struct BlockMemory {
   uint64_t* signals;  // kSignalBytes: StepSignal's two mbarriers
   T* exchange;  // two buffers of Geometry::exchange elements: step k reads buffer k & 1
   T* state;     // [rows][units]: the owners' h (forward) or dL/dh_{k-1} (gradients)
-  T* ring;      // [kPrefetchDepth][fields][rows][units]: prefetched step operands
+  T* ring;      // gradients: [kPrefetchDepth][fields][rows][units], prefetched step operands
   T* hm;        // gradients: [2][rows][units], h_{k-1} m_k for step k's products
   int32_t* length;  // [rows]: each row's valid steps
   int exchange_elements, units, field_stride, slot_stride;
@@ -367,26 +368,10 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
   T w[kSlice];  // row j of R
   LoadSlice(w, a.R, p, g, false);
 
-  // Step k's operands (ring fields): 0, its source; 1, the mask its output is sent with (step
-  // k + 1's; not fetched without a mask).
-  const auto fetch = [&](int k, int slot) {
-    if (p.owner && k < g.T) {
-      for (int b = 0; b < p.rows; ++b) {
-        const StepTimes t = TimesOf(layout, k, length_of(b));
-        FetchOr(&mem.Ring(slot, 0, b, u), a.source + t.in_time * step + p.Offset(b), t.valid,
-                T(0));
-        if (masked && k + 1 < g.T) {
-          CopyAsync(&mem.Ring(slot, 1, b, u), MaskPointer(a.mask, k + 1, p.row0 + b, p.column));
-        }
-      }
-    }
-    CommitCopies();
-  };
   const StepSignal<T> signal(mem.signals, p.rows, g.H, g.cluster);
   const bool warp_has_unit = __any_sync(0xffffffffu, p.has_unit);
   // Every block's buffers are zero and its mbarriers set up before any block writes into them.
   ClusterBarrier(g.cluster);
-  for (int k = 0; k < kPrefetchDepth - 1; ++k) fetch(k, k);
 
   if (p.owner) {
     for (int b = 0; b < p.rows; ++b) {
@@ -398,14 +383,13 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
   }
   ClusterBarrier(g.cluster);
 
-  RingSlots slots;
-  for (int k = 0; k < g.T; ++k, slots.Advance()) {
-    fetch(k + kPrefetchDepth - 1, slots.fetch);
-    WaitForStepCopies();
+  for (int k = 0; k < g.T; ++k) {
     signal.Begin(k, g.T);
     const T* current = mem.Exchange(k) + p.read_offset;
     for (int b0 = 0; warp_has_unit && b0 < p.rows; b0 += kGroup) {
-      // The owners' operands are read before the products, so their latency hides behind them.
+      // The owners read their operands from global memory before the products, so that the
+      // loads' latency hides behind them. (A ring of cp.async copies two steps ahead, as the
+      // gradients have, measured up to 30% slower here: its bookkeeping is on every step.)
       const T* rows[kGroup];
       T input[kGroup], mask_next[kGroup];
       StepTimes times[kGroup];
@@ -415,8 +399,9 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
         rows[r] = current + b * p.exchange_row;
         if (!p.owner) continue;
         times[r] = TimesOf(layout, k, length_of(b));
-        input[r] = mem.Ring(slots.run, 0, b, u);
-        mask_next[r] = masked && k + 1 < g.T ? mem.Ring(slots.run, 1, b, u) : T(1);
+        input[r] = times[r].valid ? a.source[times[r].in_time * step + p.Offset(b)] : T(0);
+        mask_next[r] = masked && k + 1 < g.T ? *MaskPointer(a.mask, k + 1, p.row0 + b, p.column)
+                                             : T(1);
       }
       T acc[kGroup];
       SliceProducts<T, kSlice, kGroup>(rows, w, acc, [](int, int, T) {});

@@ -29,12 +29,14 @@ inline constexpr int64_t SliceLength(int64_t element_bytes, bool gradients, bool
 // that one warp reads at once sit in different shared-memory banks.
 inline constexpr int64_t SlicePadding(int64_t element_bytes) { return 16 / element_bytes; }
 
-// Steps' operands are fetched into shared memory this many steps (less one) before they run,
-// so that their global-memory latency hides behind the steps between (recurrence.cu).
+// The gradients' step operands are fetched into shared memory this many steps (less one)
+// before they run, so that their global-memory latency hides behind the steps between
+// (recurrence.cu). The forward reads its few operands directly: measured on an H200, a ring
+// there cost more per step than it hid (docs/performance.md, "Fourth pass").
 inline constexpr int64_t kPrefetchDepth = 3;
-// Values fetched per step and (row, unit): the forward's source and next step's mask; the
-// gradients' mask, z and dy of the step before, and the mask and z of the step before that.
-inline constexpr int64_t PrefetchFields(bool gradients) { return gradients ? 5 : 2; }
+// Values fetched per step and (row, unit): the gradients' mask, z and dy of the step before,
+// and the mask and z of the step before that; none in the forward.
+inline constexpr int64_t PrefetchFields(bool gradients) { return gradients ? 5 : 0; }
 
 inline constexpr int64_t kMaxThreads = 512;
 inline constexpr int64_t kWideThreads = 256;
@@ -63,8 +65,8 @@ struct RecurrencePlan {
 inline constexpr int64_t kSignalBytes = 16;
 
 // Shared memory per batch row of a block: two exchange buffers (double-buffered steps); per
-// unit the owner's state (forward h, gradients dL/dh), the prefetch ring and, in the gradients,
-// two buffers of h_{k-1} m_k for the products; and the row's length (int32).
+// unit the owner's state (forward h, gradients dL/dh) and, in the gradients, the prefetch ring
+// and two buffers of h_{k-1} m_k for the products; and the row's length (int32).
 inline int64_t SharedBytesPerRow(const RecurrencePlan& plan, int64_t element_bytes,
                                  bool gradients) {
   const int64_t per_unit = 1 + kPrefetchDepth * PrefetchFields(gradients) + (gradients ? 2 : 0);
