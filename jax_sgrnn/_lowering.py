@@ -123,8 +123,9 @@ def _recurrence_only_gradients(x, R, dy, z, opt: dict, *, config: OpConfig,
 # Steps per iteration of the decomposition's scans. XLA on GPUs runs each iteration's kernels
 # as launches from the host, or as one CUDA graph where the body has enough of them (the lean
 # forward step alone had too few), and evaluates the loop's condition once per iteration, so
-# several steps per iteration cut the per-step overhead (docs/performance.md, "The
-# decomposition's step body"). Read at lowering time.
+# several steps per iteration cut the per-step overhead. 4 measured fastest over the benchmark
+# shapes on an H200; 8 and 16 were slower at the large ones (docs/performance.md, "Unrolled
+# scans"). Read at lowering time.
 DECOMPOSITION_UNROLL = 4
 
 

@@ -25,6 +25,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 import jax_sgrnn  # noqa: E402
+from jax_sgrnn import _lowering  # noqa: E402
 
 ACTIVATIONS = ("none", "relu", "tanh", "sigmoid", "hard_sigmoid")
 #: The inputs a gradient is taken for (the mask is a constant: no gradient).
@@ -130,9 +131,9 @@ def make_mask(rng, shape, kind, dtype):
 
 
 #: Steps for tests that look for the decomposition's while loop: more than the steps it runs
-#: per iteration (jax_sgrnn._lowering.DECOMPOSITION_UNROLL; a scan no longer than that is
-#: unrolled whole and has no loop).
-LOOP_T = 9
+#: per iteration (a scan no longer than that is unrolled whole and has no loop), and not a
+#: multiple of them.
+LOOP_T = 2 * _lowering.DECOMPOSITION_UNROLL + 1
 
 
 def make_inputs(rng, T=4, N=3, I=3, H=5, *, bidirectional=False, input_weight=True,
