@@ -11,6 +11,7 @@ import pytest
 from jax import export
 
 import jax_sgrnn
+from conftest import LOOP_T
 
 #: Every backend's FFI targets: none may appear off CPU (or, from the CUDA build, off CUDA).
 TARGETS = tuple(t for b in jax_sgrnn.backends().values() for t in b.targets.values())
@@ -20,7 +21,7 @@ NATIVE = tuple(jax_sgrnn.backends()["native"].targets.values())
 
 def _problem(bidirectional: bool):
     rng = np.random.default_rng(7)
-    T, N, I, H = 4, 3, 5, 2
+    T, N, I, H = LOOP_T, 3, 5, 2
     D = 2 if bidirectional else 1
     R = rng.normal(size=(2, H, H) if bidirectional else (H, H)).astype(np.float32)
     return (rng.normal(size=(T, N, I)).astype(np.float32), R,
