@@ -388,8 +388,7 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
     const T* current = mem.Exchange(k) + p.read_offset;
     for (int b0 = 0; warp_has_unit && b0 < p.rows; b0 += kGroup) {
       // The owners read their operands from global memory before the products, so that the
-      // loads' latency hides behind them. (A ring of cp.async copies two steps ahead, as the
-      // gradients have, measured up to 30% slower here: its bookkeeping is on every step.)
+      // loads' latency hides behind them (no prefetch ring: recurrence_plan.h says why).
       const T* rows[kGroup];
       T input[kGroup], mask_next[kGroup];
       StepTimes times[kGroup];
