@@ -1,11 +1,12 @@
 // The persistent recurrence kernels (recurrence.h; the split over the GPU is recurrence_plan.h).
 //
 // One launch runs every step. Block (cluster c, rank r) of direction d owns batch rows
-// [c B, c B + B) and hidden units [r U, r U + U); thread (unit j, slice s) keeps kSlice entries
-// of R (forward: row j, the gradients: column j) in registers. A step reads the previous state
-// (forward: h_{k-1} * m_k; gradients: dz_k) for the block's rows from an exchange buffer in
-// shared memory, sums each unit's S slices with warp shuffles, and the unit's owner thread
-// (s == 0) applies the elementwise rule and writes the result into the other exchange buffer of
+// [c B, c B + B) and hidden units [r U, r U + U); thread (tile t, slice s) keeps kSlice entries
+// of R for each of the tile's kTile units (forward: rows j of R, the gradients: column j) in
+// registers. A step reads the previous state (forward: h_{k-1} * m_k; gradients: dz_k) for the
+// block's rows from an exchange buffer in shared memory, sums each unit's S slices with warp
+// shuffles (SumOverSlices), which leave each unit's total with its owner thread, and the owner
+// applies the elementwise rule and writes the result into the other exchange buffer of
 // every block of the cluster (StepSignal: a block barrier ends the step, or in a cluster each
 // block waits on an mbarrier for its rows' values). Two buffers alternate, so that no block
 // overwrites what another is still reading. The forward's owners read a step's operands from
@@ -203,32 +204,54 @@ struct StepSignal {
   }
 };
 
-template <typename T>
-__device__ inline T SumOverSlices(T v, int slices) {
-  for (int offset = slices / 2; offset > 0; offset /= 2) {
-    v += __shfl_xor_sync(0xffffffffu, v, offset);
+// Sums each of a tile's kTile partial products over the tile's S slices (S >= kTile, a power
+// of two; lanes slice s of one tile are consecutive) and returns the total of unit
+// OwnUnit(slice, S) of the tile. The first log2(kTile) rounds halve the values each lane keeps
+// (a lane whose bit `offset` is set keeps the upper half and sends the lower), so a tile of 4
+// costs 3 shuffles where summing each unit alone would cost 4 log2(S); the rest add one value.
+template <int kTile, typename T>
+__device__ inline T SumOverSlices(T (&v)[kTile], int slices, int slice) {
+  int offset = slices / 2;
+#pragma unroll
+  for (int n = kTile; n > 1; n /= 2, offset /= 2) {
+    const bool upper = (slice & offset) != 0;
+#pragma unroll
+    for (int i = 0; i < n / 2; ++i) {
+      const T send = upper ? v[i] : v[i + n / 2];
+      v[i] = (upper ? v[i + n / 2] : v[i]) + __shfl_xor_sync(0xffffffffu, send, offset);
+    }
   }
-  return v;
+  T total = v[0];
+  for (; offset > 0; offset /= 2) total += __shfl_xor_sync(0xffffffffu, total, offset);
+  return total;
 }
+// The unit of its tile whose total SumOverSlices leaves with lane `slice`: the bits it kept
+// the upper half by, highest first.
+__device__ inline int OwnUnit(int slice, int slices, int tile) { return slice / (slices / tile); }
 
 template <typename T>
 struct alignas(16) Vector16 {
   T v[16 / sizeof(T)];
 };
 
-// acc[g] = sum_i rows[g][i] w[i] over this thread's slice, for kGroup rows at once, calling
-// also(i, g, rows[g][i]) on every element read (the gradients accumulate dR there). One row
-// alone splits its sum into 4 or 8 chains so that FMA latency does not serialise it.
-template <typename T, int kSlice, int kGroup, typename F>
+// acc[g][q] = sum_i rows[g][i] w[q][i] over this thread's slice, for kGroup rows and the
+// tile's kTile units at once, calling also(i, g, rows[g][i]) on every element read (the
+// gradients accumulate dR there). One row of one unit splits its sum into 4 or 8 chains so
+// that FMA latency does not serialise it.
+template <typename T, int kSlice, int kGroup, int kTile, typename F>
 __device__ __forceinline__ void SliceProducts(const T* const (&rows)[kGroup],
-                                              const T (&w)[kSlice], T (&acc)[kGroup], F&& also) {
+                                              const T (&w)[kTile][kSlice],
+                                              T (&acc)[kGroup][kTile], F&& also) {
   constexpr int kVec = 16 / sizeof(T);
-  constexpr int kChains = kGroup == 1 ? (kSlice >= 64 ? 8 : 4) : 1;
-  T part[kGroup][kChains];
+  constexpr int kChains = kGroup * kTile == 1 ? (kSlice >= 64 ? 8 : 4) : 1;
+  T part[kGroup][kTile][kChains];
 #pragma unroll
   for (int g = 0; g < kGroup; ++g) {
 #pragma unroll
-    for (int c = 0; c < kChains; ++c) part[g][c] = T(0);
+    for (int q = 0; q < kTile; ++q) {
+#pragma unroll
+      for (int c = 0; c < kChains; ++c) part[g][q][c] = T(0);
+    }
   }
 #pragma unroll
   for (int v = 0; v < kSlice / kVec; ++v) {
@@ -238,28 +261,36 @@ __device__ __forceinline__ void SliceProducts(const T* const (&rows)[kGroup],
 #pragma unroll
       for (int e = 0; e < kVec; ++e) {
         const int i = v * kVec + e;
-        part[g][i % kChains] += h.v[e] * w[i];
+#pragma unroll
+        for (int q = 0; q < kTile; ++q) part[g][q][i % kChains] += h.v[e] * w[q][i];
         also(i, g, h.v[e]);
       }
     }
   }
 #pragma unroll
   for (int g = 0; g < kGroup; ++g) {
-    acc[g] = part[g][0];
 #pragma unroll
-    for (int c = 1; c < kChains; ++c) acc[g] += part[g][c];
+    for (int q = 0; q < kTile; ++q) {
+      acc[g][q] = part[g][q][0];
+#pragma unroll
+      for (int c = 1; c < kChains; ++c) acc[g][q] += part[g][q][c];
+    }
   }
 }
 
 // The thread's place in the launch, and the per-thread constants of its step work.
-template <int kSlice>
+template <int kSlice, int kTile>
 struct Place {
   int rank, direction;
   int row0;  // first batch row of the cluster
   int rows;  // its rows (the last cluster may have fewer than plan.rows)
-  int unit_in_block, slice;
-  int unit;  // hidden unit j within the direction
-  bool has_unit, owner;
+  int slice;
+  int tile_first;     // the first unit of the thread's tile within the direction
+  int tile_in_block;  // ... and within the block
+  int tile_units;  // the tile's units below H and in this block (0 to kTile)
+  int unit_in_block;  // the unit this thread owns after the sums (OwnUnit), within the block
+  int unit;  // ... and within the direction
+  bool has_unit, owner;  // has_unit: the tile holds a unit; owner: this thread owns one
   int column;      // d*H + j in [*, D*H] tensors
   int row_stride;  // D*H
   int first;       // row0's element of this column in [N, D*H]
@@ -271,11 +302,15 @@ struct Place {
     direction = blockIdx.y;
     row0 = (blockIdx.x / g.cluster) * g.rows;
     rows = min(g.rows, g.N - row0);
-    unit_in_block = threadIdx.x / g.slices;
     slice = threadIdx.x % g.slices;
-    unit = rank * g.units + unit_in_block;
-    has_unit = unit_in_block < g.units && unit < g.H;
-    owner = has_unit && slice == 0;
+    tile_in_block = threadIdx.x / g.slices * kTile;
+    tile_first = rank * g.units + tile_in_block;
+    tile_units = max(0, min(kTile, min(g.units - tile_in_block, g.H - tile_first)));
+    const int own = OwnUnit(slice, g.slices, kTile);
+    unit_in_block = tile_in_block + own;
+    unit = tile_first + own;
+    has_unit = tile_units > 0;
+    owner = own < tile_units && slice % (g.slices / kTile) == 0;
     column = direction * g.H + unit;
     row_stride = g.D * g.H;
     first = row0 * row_stride + column;
@@ -289,16 +324,20 @@ struct Place {
   __device__ int ExchangeIndex(int b) const { return b * exchange_row + exchange_unit; }
 };
 
-// This thread's kSlice entries of R in registers: row j (forward) or column j (gradients) of
-// its direction's R, zero beyond H.
-template <typename T, int kSlice>
-__device__ inline void LoadSlice(T (&w)[kSlice], const T* R, const Place<kSlice>& p,
-                                 const Geometry& g, bool column) {
+// This thread's kSlice entries of R for each unit j of its tile in registers: row j (forward)
+// or column j (gradients) of its direction's R, zero beyond H.
+template <typename T, int kSlice, int kTile>
+__device__ inline void LoadSlice(T (&w)[kTile][kSlice], const T* R,
+                                 const Place<kSlice, kTile>& p, const Geometry& g, bool column) {
   const T* R_d = R + p.direction * g.H * g.H;
 #pragma unroll
-  for (int i = 0; i < kSlice; ++i) {
-    const int k = p.slice * kSlice + i;
-    w[i] = p.has_unit && k < g.H ? R_d[column ? k * g.H + p.unit : p.unit * g.H + k] : T(0);
+  for (int q = 0; q < kTile; ++q) {
+    const int j = p.tile_first + q;
+#pragma unroll
+    for (int i = 0; i < kSlice; ++i) {
+      const int k = p.slice * kSlice + i;
+      w[q][i] = q < p.tile_units && k < g.H ? R_d[column ? k * g.H + j : j * g.H + k] : T(0);
+    }
   }
 }
 
@@ -314,8 +353,8 @@ struct BlockMemory {
   int32_t* length;  // [rows]: each row's valid steps
   int exchange_elements, units, field_stride, slot_stride;
 
-  template <int kSlice>
-  __device__ BlockMemory(const Geometry& g, const Place<kSlice>& p, const int32_t* seq_lengths,
+  template <int kSlice, int kTile>
+  __device__ BlockMemory(const Geometry& g, const Place<kSlice, kTile>& p, const int32_t* seq_lengths,
                          bool gradients)
       : exchange_elements(g.exchange), units(g.units), field_stride(g.rows * g.units),
         slot_stride(static_cast<int>(PrefetchFields(gradients)) * g.rows * g.units) {
@@ -358,14 +397,15 @@ struct RingSlots {
 template <typename T, Activation A, int kGroup, bool kWide, bool kPlain>
 __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
     ForwardKernel(Config c, Geometry g, ForwardArgs<T> a) {
+  constexpr int kTile = UnitsPerThread(false);
   constexpr int kSlice = SliceLength(sizeof(T), false, kWide);
-  const Place<kSlice> p(g);
+  const Place<kSlice, kTile> p(g);
   const BlockMemory<T> mem(g, p, a.seq_lengths, false);
   const DirectionLayout layout = LayoutOf(c, p.direction);
   const int step = g.StepStride(), u = p.unit_in_block;
   const auto length_of = [&](int b) { return kPlain ? g.T : static_cast<int>(mem.length[b]); };
   const bool masked = !kPlain && a.mask.data != nullptr;
-  T w[kSlice];  // row j of R
+  T w[kTile][kSlice];  // rows j of R
   LoadSlice(w, a.R, p, g, false);
 
   const StepSignal<T> signal(mem.signals, p.rows, g.H, g.cluster);
@@ -402,10 +442,10 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
         mask_next[r] = masked && k + 1 < g.T ? *MaskPointer(a.mask, k + 1, p.row0 + b, p.column)
                                              : T(1);
       }
-      T acc[kGroup];
-      SliceProducts<T, kSlice, kGroup>(rows, w, acc, [](int, int, T) {});
+      T products[kGroup][kTile], acc[kGroup];
+      SliceProducts(rows, w, products, [](int, int, T) {});
 #pragma unroll
-      for (int r = 0; r < kGroup; ++r) acc[r] = SumOverSlices(acc[r], g.slices);
+      for (int r = 0; r < kGroup; ++r) acc[r] = SumOverSlices(products[r], g.slices, p.slice);
       if (!p.owner) continue;
 #pragma unroll
       for (int r = 0; r < kGroup; ++r) {
@@ -433,15 +473,20 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
 template <typename T, Activation A, int kGroup, bool kWide>
 __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
     GradientsKernel(Config c, Geometry g, GradientArgs<T> a, int64_t cluster_stride) {
+  constexpr int kTile = UnitsPerThread(true);
   constexpr int kSlice = SliceLength(sizeof(T), true, kWide);
-  const Place<kSlice> p(g);
+  const Place<kSlice, kTile> p(g);
   const BlockMemory<T> mem(g, p, a.seq_lengths, true);
   const DirectionLayout layout = LayoutOf(c, p.direction);
   const int step = g.StepStride(), u = p.unit_in_block;
-  T w[kSlice], dR[kSlice];  // column j of R, and this thread's share of dR's column j
+  // Columns j of R, and this thread's share of dR's columns j, for the tile's units j.
+  T w[kTile][kSlice], dR[kTile][kSlice];
   LoadSlice(w, a.R, p, g, true);
 #pragma unroll
-  for (int i = 0; i < kSlice; ++i) dR[i] = T(0);
+  for (int q = 0; q < kTile; ++q) {
+#pragma unroll
+    for (int i = 0; i < kSlice; ++i) dR[q][i] = T(0);
+  }
 
   // Steps run in descending k; the i-th processed is k = T - 1 - i. Step k's operands (ring
   // fields): 0, its mask; 1 and 2, z and dy of step k - 1 (for dz_{k-1}); 3 and 4, the mask of
@@ -512,20 +557,26 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
     const T* current = mem.Exchange(k) + p.read_offset;
     for (int b0 = 0; warp_has_unit && b0 < p.rows; b0 += kGroup) {
       const T* rows[kGroup];
-      T hm[kGroup];
+      T hm[kGroup][kTile];
       int length[kGroup];
 #pragma unroll
       for (int r = 0; r < kGroup; ++r) {
         const int b = min(b0 + r, p.rows - 1);
         rows[r] = current + b * p.exchange_row;
-        hm[r] = p.has_unit && b0 + r < p.rows ? mem.Hm(k, b, u) : T(0);  // repeats add nothing
+#pragma unroll
+        for (int q = 0; q < kTile; ++q) {  // repeated rows and units past the tile add nothing
+          hm[r][q] = q < p.tile_units && b0 + r < p.rows ? mem.Hm(k, b, p.tile_in_block + q)
+                                                         : T(0);
+        }
         length[r] = mem.length[b];
       }
-      T acc[kGroup];
-      SliceProducts<T, kSlice, kGroup>(rows, w, acc,
-                                       [&](int e, int r, T dz) { dR[e] += dz * hm[r]; });
+      T products[kGroup][kTile], acc[kGroup];
+      SliceProducts(rows, w, products, [&](int e, int r, T dz) {
 #pragma unroll
-      for (int r = 0; r < kGroup; ++r) acc[r] = SumOverSlices(acc[r], g.slices);
+        for (int q = 0; q < kTile; ++q) dR[q][e] += dz * hm[r][q];
+      });
+#pragma unroll
+      for (int r = 0; r < kGroup; ++r) acc[r] = SumOverSlices(products[r], g.slices, p.slice);
       if (!p.owner) continue;
 #pragma unroll
       for (int r = 0; r < kGroup; ++r) {
@@ -551,13 +602,14 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
   if (p.owner && a.dh0) {
     for (int b = 0; b < p.rows; ++b) a.dh0[p.Offset(b)] = mem.State(b, u);
   }
-  if (p.has_unit) {
-    T* partial = a.partial_dR + (blockIdx.x / g.cluster) * cluster_stride +
-                 p.direction * g.H * g.H;
+  T* partial = a.partial_dR + (blockIdx.x / g.cluster) * cluster_stride +
+               p.direction * g.H * g.H;
+#pragma unroll
+  for (int q = 0; q < kTile; ++q) {
 #pragma unroll
     for (int i = 0; i < kSlice; ++i) {
       const int k = p.slice * kSlice + i;
-      if (k < g.H) partial[k * g.H + p.unit] = dR[i];
+      if (q < p.tile_units && k < g.H) partial[k * g.H + p.tile_first + q] = dR[q][i];
     }
   }
 }

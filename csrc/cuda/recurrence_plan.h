@@ -2,10 +2,11 @@
 // no CUDA types, so that it is unit-tested on any machine (tests/cpp/test_cuda_plan.cc).
 //
 // Batch rows are independent, so each thread-block cluster owns a group of rows and runs all T
-// steps for them with R held in registers: a block's threads each hold kSlice entries of one
-// row of R (forward; one column for the gradients), `slices` threads per hidden unit, and the
-// `cluster` blocks of a cluster split the H units between them. Per step a cluster exchanges
-// the new state through (distributed) shared memory and meets at one barrier.
+// steps for them with R held in registers: a block's threads each hold a tile of R, kSlice
+// entries of each of `tile` hidden units (forward: rows of R; the gradients: columns), `slices`
+// threads share a tile's units, and the `cluster` blocks of a cluster split the H units between
+// them. Per step a cluster exchanges the new state through (distributed) shared memory and
+// meets at one barrier.
 #ifndef JAX_SGRNN_CUDA_RECURRENCE_PLAN_H_
 #define JAX_SGRNN_CUDA_RECURRENCE_PLAN_H_
 
@@ -16,14 +17,22 @@
 
 namespace sgrnn::cuda {
 
+// Hidden units whose rows (forward) or columns (gradients) of R one thread holds. In the
+// forward, each value of the state that a thread reads from shared memory then feeds 4 FMAs
+// instead of one: with one unit per thread, a 16-byte shared load (4 wavefronts a warp) per 4
+// FMAs saturated shared memory first. The gradients, limited elsewhere, measured 2-14% slower
+// with 4 (docs/performance.md, "Fifth pass", on an H200).
+inline constexpr int64_t UnitsPerThread(bool gradients) { return gradients ? 1 : 4; }
+
 // Entries of R each thread keeps in registers: 256 bytes (64 floats) in the forward, half as
 // many in the gradients, whose threads also keep their share of dR. With __launch_bounds__ of
 // kMaxThreads each thread may use 128 registers, which these fit. Wide blocks (at most
 // kWideThreads threads, so up to 255 registers each) keep twice as many: for hidden sizes that
-// one such block holds whole, fewer threads do the same products, with fewer (or no) warp
-// shuffles and the per-unit step work spread over fewer warps.
+// one such block holds whole, fewer threads do the same products, with fewer warp shuffles and
+// the per-unit step work spread over fewer warps. The slice is what a thread holds of each of
+// its units: those entries over UnitsPerThread.
 inline constexpr int64_t SliceLength(int64_t element_bytes, bool gradients, bool wide) {
-  return (gradients ? 128 : 256) * (wide ? 2 : 1) / element_bytes;
+  return (gradients ? 128 : 256) * (wide ? 2 : 1) / element_bytes / UnitsPerThread(gradients);
 }
 // Padding after each slice in the exchange buffer (one 16-byte vector), so that the S slices
 // that one warp reads at once sit in different shared-memory banks.
@@ -44,11 +53,12 @@ inline constexpr int64_t kWideThreads = 256;
 inline constexpr int64_t kMaxCluster = 8;
 
 struct RecurrencePlan {
-  int64_t slice;     // entries of R per thread (SliceLength)
-  int64_t slices;    // S: threads per hidden unit, a power of two <= 32 (one warp shuffle)
+  int64_t slice;     // entries of each of its units' R per thread (SliceLength)
+  int64_t tile;      // hidden units per thread (UnitsPerThread)
+  int64_t slices;    // S: threads per tile of units, a power of two in [tile, 32]
   int64_t cluster;   // C: blocks of a cluster, splitting the H units
   int64_t units;     // U: hidden units per block, ceil(H / C)
-  int64_t threads;   // U * S rounded up to whole warps
+  int64_t threads;   // ceil(U / tile) * S rounded up to whole warps
   int64_t rows;      // B: batch rows per cluster
   int64_t clusters;  // K: clusters per direction, ceil(N / B)
   int64_t shared_bytes;  // dynamic shared memory per block
@@ -75,27 +85,39 @@ inline int64_t SharedBytesPerRow(const RecurrencePlan& plan, int64_t element_byt
          static_cast<int64_t>(sizeof(int32_t));
 }
 
+// The threads sharing a tile of units: enough slices to cover a row of R, a power of two, and
+// at least one per unit of the tile (the kernels' sum over slices leaves each unit's total with
+// its own thread; slices past H hold zeros).
+inline int64_t SlicesFor(int64_t H, int64_t slice, int64_t tile) {
+  int64_t slices = 1;
+  while (slices * slice < H) slices *= 2;
+  return std::max(slices, tile);
+}
+
 // The block shape (everything but rows, clusters and shared_bytes) for hidden size H, or
 // nothing when R does not fit on chip at this size. Independent of the batch and the device,
 // so the lowering can ask it (jax_sgrnn/_backends.py) before any GPU is seen.
 inline std::optional<RecurrencePlan> BlockShape(int64_t H, int64_t element_bytes,
                                                 bool gradients) {
   if (H < 1) return std::nullopt;
+  const int64_t tile = UnitsPerThread(gradients);
+  const auto threads_for = [&](int64_t units, int64_t slices) {
+    return ((units + tile - 1) / tile * slices + 31) / 32 * 32;
+  };
   const int64_t wide_slice = SliceLength(element_bytes, gradients, true);
-  const int64_t wide_slices = (H + wide_slice - 1) / wide_slice;
-  if (wide_slices <= 2 && H * wide_slices <= kWideThreads) {  // slices: 1 or 2, a power of 2
-    return RecurrencePlan{wide_slice, wide_slices, 1, H, (H * wide_slices + 31) / 32 * 32,
+  const int64_t wide_slices = SlicesFor(H, wide_slice, tile);
+  if (wide_slices <= 2 * tile && threads_for(H, wide_slices) <= kWideThreads) {
+    return RecurrencePlan{wide_slice, tile, wide_slices, 1, H, threads_for(H, wide_slices),
                           0, 0, 0, true};
   }
   const int64_t slice = SliceLength(element_bytes, gradients, false);
-  int64_t slices = 1;
-  while (slices * slice < H) slices *= 2;
+  const int64_t slices = SlicesFor(H, slice, tile);
   if (slices > 32) return std::nullopt;
   for (int64_t cluster = 1; cluster <= kMaxCluster; cluster *= 2) {
     const int64_t units = (H + cluster - 1) / cluster;
-    const int64_t threads = (units * slices + 31) / 32 * 32;
-    if (threads <= kMaxThreads) return RecurrencePlan{slice, slices, cluster, units, threads,
-                                                      0, 0, 0, false};
+    const int64_t threads = threads_for(units, slices);
+    if (threads <= kMaxThreads) return RecurrencePlan{slice, tile, slices, cluster, units,
+                                                      threads, 0, 0, 0, false};
   }
   return std::nullopt;
 }
@@ -131,11 +153,13 @@ inline bool IndexesFit(int64_t T, int64_t N, int64_t D, int64_t H) {
 
 // Whether to run the on-chip recurrence for N rows and D directions rather than the lax.scan
 // decomposition (whose steps are cuBLAS products). Measured on an H200 (docs/performance.md,
-// "GPU"): the kernel is several times faster while each cluster owns a few rows, level at 4,
-// and slower from 16 (2x at 32, in the gradients), where its per-row work per step outgrows
-// one cuBLAS product over the whole batch. The lowering decides before any GPU is seen, so
-// the rows per cluster are counted for a GPU of kTypicalMultiprocessors SMs (H100, H200).
-inline constexpr int64_t kMaxRowsPerCluster = 8;
+// "GPU"): the kernels are several times faster while each cluster owns a few rows; the
+// gradient kernel was level at 4 and slower from 16 (2x at 32), where its per-row work per
+// step outgrows one cuBLAS product over the whole batch; the forward, four units a thread,
+// still ran (50,1024,256,256) at 16 rows in 0.43 ms against the decomposition's 1.3 ms. The
+// lowering decides before any GPU is seen, so the rows per cluster are counted for a GPU of
+// kTypicalMultiprocessors SMs (H100, H200).
+inline constexpr int64_t MaxRowsPerCluster(bool gradients) { return gradients ? 8 : 16; }
 inline constexpr int64_t kTypicalMultiprocessors = 132;
 
 inline bool PreferOnChip(int64_t T, int64_t H, int64_t N, int64_t D, int64_t element_bytes,
@@ -143,7 +167,7 @@ inline bool PreferOnChip(int64_t T, int64_t H, int64_t N, int64_t D, int64_t ele
   const std::optional<RecurrencePlan> plan =
       PlanRecurrence(H, N, D, element_bytes, gradients, kTypicalMultiprocessors,
                      std::numeric_limits<int64_t>::max());
-  return IndexesFit(T, N, D, H) && plan && plan->rows <= kMaxRowsPerCluster;
+  return IndexesFit(T, N, D, H) && plan && plan->rows <= MaxRowsPerCluster(gradients);
 }
 
 }  // namespace sgrnn::cuda

@@ -21,8 +21,8 @@ std::string Case(int64_t H, int64_t bytes, bool gradients) {
          (gradients ? " gradients" : " forward");
 }
 
-// Every block shape covers all H units, with each unit's slices summing over all of R's row,
-// whole warps, and within the kernels' limits.
+// Every block shape covers all H units, with each unit's slices summing over all of R's row
+// and at least one slice per unit of a tile, whole warps, and within the kernels' limits.
 void BlockShapesCoverEveryUnit() {
   for (int64_t bytes : {4, 8}) {
     for (bool gradients : {false, true}) {
@@ -31,17 +31,22 @@ void BlockShapesCoverEveryUnit() {
         const std::string what = Case(H, bytes, gradients);
         if (!p) continue;
         Check(p->slice == SliceLength(bytes, gradients, p->wide), what + ": slice");
-        Check(!p->wide || (p->cluster == 1 && p->units == H && p->slices <= 2),
+        Check(p->tile == UnitsPerThread(gradients), what + ": tile");
+        Check(p->slice * p->tile * bytes == (gradients ? 128 : 256) * (p->wide ? 2 : 1),
+              what + ": bytes of R per thread");
+        Check(!p->wide || (p->cluster == 1 && p->units == H && p->slices <= 2 * p->tile),
               what + ": a wide block holds every unit");
-        Check(p->slices * p->slice >= H && (p->slices == 1 || (p->slices / 2) * p->slice < H),
-              what + ": fewest slices covering a row");
+        Check(p->slices * p->slice >= H && p->slices >= p->tile &&
+                  (p->slices == p->tile || (p->slices / 2) * p->slice < H),
+              what + ": fewest slices covering a row, at least one per unit of a tile");
         Check(p->slices <= 32 && (p->slices & (p->slices - 1)) == 0, what + ": slices");
         Check(p->cluster >= 1 && p->cluster <= kMaxCluster, what + ": cluster size");
         Check(p->units * p->cluster >= H && (p->units - 1) * p->cluster < H, what + ": units");
-        Check(p->threads % 32 == 0 && p->threads >= p->units * p->slices &&
+        const int64_t tiles = (p->units + p->tile - 1) / p->tile;
+        Check(p->threads % 32 == 0 && p->threads >= tiles * p->slices &&
                   p->threads <= (p->wide ? kWideThreads : kMaxThreads),
               what + ": threads");
-        Check(p->threads - p->units * p->slices < 32, what + ": at most one partial warp");
+        Check(p->threads - tiles * p->slices < 32, what + ": at most one partial warp");
       }
     }
   }
@@ -56,9 +61,11 @@ void OnChipLimits() {
   Check(!BlockShape(257, 4, true), "H=257 gradients do not fit");
   Check(!BlockShape(1024, 4, false) && !BlockShape(0, 4, false), "H=1024 and H=0 do not fit");
   Check(BlockShape(128, 4, false)->cluster == 1, "H=128 forward: one block");
-  Check(BlockShape(128, 4, false)->wide && BlockShape(128, 4, false)->slices == 1,
-        "H=128 forward: a wide block, one thread per unit");
-  Check(BlockShape(128, 4, true)->wide && BlockShape(128, 4, true)->slices == 2,
+  Check(BlockShape(128, 4, false)->wide && BlockShape(128, 4, false)->slices == 4 &&
+            BlockShape(128, 4, false)->threads == 128,
+        "H=128 forward: a wide block, four threads per tile of four units");
+  Check(BlockShape(128, 4, true)->wide && BlockShape(128, 4, true)->slices == 2 &&
+            BlockShape(128, 4, true)->threads == 256,
         "H=128 gradients: a wide block, two threads per unit");
   Check(!BlockShape(129, 4, false)->wide && !BlockShape(129, 4, true)->wide,
         "H=129: not wide");
@@ -100,7 +107,8 @@ void PreferenceFollowsRowsPerCluster() {
   Check(PreferOnChip(1000, 128, 8, 1, 4, false), "(1000,8,128,128) forward on chip");
   Check(PreferOnChip(100, 256, 32, 1, 4, true), "(100,32,256,256) gradients on chip");
   Check(!PreferOnChip(50, 256, 1024, 1, 4, true), "(50,1024,256,256) gradients by scan");
-  Check(!PreferOnChip(50, 256, 1024, 1, 4, false), "(50,1024,256,256) forward by scan");
+  Check(PreferOnChip(50, 256, 1024, 1, 4, false), "(50,1024,256,256) forward on chip");
+  Check(!PreferOnChip(50, 256, 2048, 1, 4, false), "(50,2048,256,256) forward by scan");
   Check(PreferOnChip(200, 512, 64, 1, 4, false), "(200,64,512,512) forward on chip");
   Check(!PreferOnChip(200, 512, 64, 1, 4, true), "H=512 gradients by scan");
   Check(!PreferOnChip(100, 1024, 1, 1, 4, false), "H=1024 by scan");
