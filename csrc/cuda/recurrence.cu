@@ -354,8 +354,8 @@ struct BlockMemory {
   int exchange_elements, units, field_stride, slot_stride;
 
   template <int kSlice, int kTile>
-  __device__ BlockMemory(const Geometry& g, const Place<kSlice, kTile>& p, const int32_t* seq_lengths,
-                         bool gradients)
+  __device__ BlockMemory(const Geometry& g, const Place<kSlice, kTile>& p,
+                         const int32_t* seq_lengths, bool gradients)
       : exchange_elements(g.exchange), units(g.units), field_stride(g.rows * g.units),
         slot_stride(static_cast<int>(PrefetchFields(gradients)) * g.rows * g.units) {
     extern __shared__ __align__(16) unsigned char shared_bytes[];

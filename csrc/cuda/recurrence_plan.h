@@ -21,7 +21,7 @@ namespace sgrnn::cuda {
 // forward, each value of the state that a thread reads from shared memory then feeds 4 FMAs
 // instead of one: with one unit per thread, a 16-byte shared load (4 wavefronts a warp) per 4
 // FMAs saturated shared memory first. The gradients, limited elsewhere, measured 2-14% slower
-// with 4 (docs/performance.md, "Fifth pass", on an H200).
+// with 4 at three of four shapes (docs/performance.md, "Fifth pass", on an H200).
 inline constexpr int64_t UnitsPerThread(bool gradients) { return gradients ? 1 : 4; }
 
 // Entries of R each thread keeps in registers: 256 bytes (64 floats) in the forward, half as
