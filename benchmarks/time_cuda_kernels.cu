@@ -1,7 +1,7 @@
 // Times the CUDA recurrence kernels alone (csrc/cuda/recurrence.cu), without JAX: for A/B runs
 // of kernel variants, where a build of the whole package per variant would cost minutes of
-// GPU time. Float32, tanh, with h0, no mask; each shape runs the forward and the gradients
-// (which include the in-order sum of the per-cluster dR), timed with CUDA events: the median
+// GPU time. Float32, tanh, with h0, no mask; each shape runs the forward and the backward
+// recurrence (dz and dh0; dR is XLA's product after it), timed with CUDA events: the median
 // of 30 runs after 5 warm-up runs, printed in microseconds a call and a step; then again with
 // the GPU left idle for 1 ms before each run ("waited"), as a caller that waits for each call
 // leaves it, to tell the kernel's cost after idle from the host's share. Also the host's
@@ -83,59 +83,48 @@ void TimeShape(int64_t T, int64_t N, int64_t H, std::mt19937& rng) {
   CHECK(cudaGetDevice(&device));
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   CHECK(cudaDeviceGetAttribute(&shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  const auto forward_plan = PlanRecurrence(H, N, D, sizeof(float), false, sms, shared);
-  const auto gradient_plan = PlanRecurrence(H, N, D, sizeof(float), true, sms, shared);
+  const auto plan = PlanRecurrence(H, N, D, sizeof(float), sms, shared);  // both kernels'
 
   float* source = DeviceRandom(state, rng, 1.0f);
   float* R = DeviceRandom(H * H, rng, 1.0f / std::sqrt(static_cast<float>(H)));
   float* h0 = DeviceRandom(N * H, rng, 1.0f);
   float* dy = DeviceRandom(state, rng, 1.0f);
-  float *y, *z, *dz, *dR, *dh0, *partial;
+  float *y, *z, *dz, *dh0;
   CHECK(cudaMalloc(&y, state * sizeof(float)));
   CHECK(cudaMalloc(&z, state * sizeof(float)));
   CHECK(cudaMalloc(&dz, state * sizeof(float)));
-  CHECK(cudaMalloc(&dR, H * H * sizeof(float)));
   CHECK(cudaMalloc(&dh0, N * H * sizeof(float)));
-  const int64_t partial_bytes = gradient_plan ? PartialBytes(*gradient_plan, d, sizeof(float)) : 0;
-  CHECK(cudaMalloc(&partial, std::max<int64_t>(partial_bytes, 4)));
 
   std::printf("T=%lld N=%lld H=%lld", static_cast<long long>(T), static_cast<long long>(N),
               static_cast<long long>(H));
-  if (forward_plan) {
+  if (plan) {
     const ForwardArgs<float> fa{source, R, h0, MaskView<float>(), nullptr, y, z};
-    const auto launch = [&] { return LaunchForward<float>(c, d, *forward_plan, fa, nullptr); };
+    const auto launch = [&] { return LaunchForward<float>(c, d, *plan, fa, nullptr); };
     const double us = MedianMicroseconds(launch);
     const double waited_us = MedianMicroseconds(launch, kIdle);
     std::printf("  forward %8.1f us, waited %8.1f (%.3f us/step; cluster %lld, rows %lld, %s)",
                 us, waited_us, us / T,
-                static_cast<long long>(forward_plan->cluster),
-                static_cast<long long>(forward_plan->rows), forward_plan->wide ? "wide" : "narrow");
+                static_cast<long long>(plan->cluster), static_cast<long long>(plan->rows),
+                plan->wide ? "wide" : "narrow");
     const auto host_start = std::chrono::steady_clock::now();
     for (int i = 0; i < 100; ++i) {
       CHECK(cudaGetDevice(&device));
       CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
       CHECK(cudaDeviceGetAttribute(&shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-      const auto plan = PlanRecurrence(H, N, D, sizeof(float), false, sms, shared);
-      CHECK(LaunchForward<float>(c, d, *plan, fa, nullptr));
+      const auto planned = PlanRecurrence(H, N, D, sizeof(float), sms, shared);
+      CHECK(LaunchForward<float>(c, d, *planned, fa, nullptr));
     }
     const double host_us = std::chrono::duration<double, std::micro>(
                                std::chrono::steady_clock::now() - host_start).count() / 100;
     CHECK(cudaDeviceSynchronize());
     std::printf(" host %.1f us", host_us);
-  }
-  if (gradient_plan) {
-    const GradientArgs<float> ga{R, dy, z, h0, MaskView<float>(), nullptr, dz, dR, dh0, partial};
-    const auto launch = [&] { return LaunchGradients<float>(c, d, *gradient_plan, ga, nullptr); };
-    const double us = MedianMicroseconds(launch);
-    const double waited_us = MedianMicroseconds(launch, kIdle);
-    std::printf("  gradients %8.1f us, waited %8.1f (%.3f us/step; cluster %lld, rows %lld, %s)",
-                us, waited_us, us / T,
-                static_cast<long long>(gradient_plan->cluster),
-                static_cast<long long>(gradient_plan->rows),
-                gradient_plan->wide ? "wide" : "narrow");
+    const GradientArgs<float> ga{R, dy, z, MaskView<float>(), nullptr, dz, dh0};
+    const auto gradients = [&] { return LaunchGradients<float>(c, d, *plan, ga, nullptr); };
+    std::printf("  gradients %8.1f us, waited %8.1f", MedianMicroseconds(gradients),
+                MedianMicroseconds(gradients, kIdle));
   }
   std::printf("\n");
-  for (float* p : {source, R, h0, dy, y, z, dz, dR, dh0, partial}) CHECK(cudaFree(p));
+  for (float* p : {source, R, h0, dy, y, z, dz, dh0}) CHECK(cudaFree(p));
 }
 
 }  // namespace

@@ -132,9 +132,13 @@ def _import(module: str):
         return None, f"its extension module did not import ({err})"
 
 
-def _fits_on_these_gpus(recurrence_fits: Callable[..., bool], *sizes) -> bool:
-    """A CUDA build's ``fits``: its kernels run these sizes, on GPUs that can run them."""
-    return recurrence_fits(*sizes) and cuda_devices_run_handler()
+def _fits_on_these_gpus(recurrence_fits: Callable[..., bool], steps: int, hidden: int,
+                        batch: int, directions: int, itemsize: int, gradients: bool) -> bool:
+    """A CUDA build's ``fits``: its kernels run these sizes, on GPUs that can run them. The
+    forward and the gradient kernel share one plan, so ``gradients`` does not change it."""
+    del gradients
+    return (recurrence_fits(steps, hidden, batch, directions, itemsize)
+            and cuda_devices_run_handler())
 
 
 def _load() -> dict[str, Backend]:

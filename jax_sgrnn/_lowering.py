@@ -9,7 +9,7 @@ calls), and for sizes the backend's handler does not run (``Backend.runs``), to 
 
 A ``recurrence_only`` backend (CUDA) runs the sequential part alone: XLA applies the input
 weight and bias before its forward call (one large matrix product over all steps), and
-computes dW, db and dx from the dz its gradient call returns.
+computes dW, dR, db and dx from the dz its gradient call returns.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from jax.interpreters import mlir
 from ._backends import Backend, backend_for_platform, platforms
 from ._primitives import OpConfig, forward_p, forward_reference, gradients_p
 from ._primitives import gradients_reference
+from .reference import recurrent_weight_gradient
 from ._sharding import partitioned
 from ._spec import OPTIONAL_NAMES
 
@@ -93,21 +94,26 @@ def _ffi_gradients(x, R, dy, z, *rest, config: OpConfig, backend: Backend) -> li
 def _recurrence_only_gradients(x, R, dy, z, opt: dict, *, config: OpConfig,
                                backend: Backend) -> list:
     """The gradient op on a recurrence-only backend: its custom call returns dz (the gradient
-    of the projected source), dR and dh0; XLA computes dx, dW and db from dz. The call does not
-    read its source operand, and gets dy there, which has the shape it checks."""
+    of the projected source) and dh0; XLA computes dx, dW, dR and db from dz, each one product
+    (or sum) over all steps. The call does not read its source operand, and gets dy there,
+    which has the shape it checks."""
     dtype, cdt = x.dtype, backend.compute_dtype(x.dtype)
     G, T, N, _ = x.shape
     D, H = config.descriptor.directions, R.shape[-1]
     has_h0 = config.has_init_state
-    results = (jax.ShapeDtypeStruct((G, T, N, D * H), cdt),
-               jax.ShapeDtypeStruct((G, D, H, H), cdt), jax.ShapeDtypeStruct((0,), cdt),
-               jax.ShapeDtypeStruct((0,), cdt),
+    empty = jax.ShapeDtypeStruct((0,), cdt)
+    results = (jax.ShapeDtypeStruct((G, T, N, D * H), cdt), empty, empty, empty,
                jax.ShapeDtypeStruct((G, N, D * H) if has_h0 else (0,), cdt))
-    W, x, dy = opt["input_weight"], x.astype(cdt), dy.astype(cdt)
+    W, x, dy, z = opt["input_weight"], x.astype(cdt), dy.astype(cdt), z.astype(cdt)
+    h0, mask, lengths = opt["init_state"], opt["mask"], opt["seq_lengths"]
     opt = dict(opt, input_weight=None, bias=None)
-    dz, dR, _, _, dh0 = jax.ffi.ffi_call(backend.targets["gradients"], results)(
-        dy, R.astype(cdt).reshape(D, H, H), dy, z.astype(cdt), *_ffi_operands(opt, cdt),
+    dz, _, _, _, dh0 = jax.ffi.ffi_call(backend.targets["gradients"], results)(
+        dy, R.astype(cdt).reshape(D, H, H), dy, z, *_ffi_operands(opt, cdt),
         **_recurrence_only(config).ffi_attributes())
+    dR = jax.vmap(functools.partial(recurrent_weight_gradient, descriptor=config.descriptor))(
+        dz, z, jnp.zeros((G, N, D * H), cdt) if h0 is None else h0,
+        None if mask is None else jnp.broadcast_to(mask, (G, T, N, D * H)),
+        None if lengths is None else lengths.astype(jnp.int32))
     hi = lax.Precision.HIGHEST
     grads = [dz if W is None else jnp.einsum("gtnh,hi->gtni", dz, W, precision=hi),
              dR.reshape(G, *R.shape)]

@@ -163,6 +163,37 @@ def reference(source, recurrent_weight, input_weight=None, bias=None, init_state
     return y.astype(dtype), out.astype(dtype)
 
 
+def recurrent_weight_gradient(d_source, z_state, init_state, mask, seq_lengths,
+                              descriptor: SingleGateRNNDescriptor):
+    """dR ``[D, H, H]``: the sum over steps k of ``dz_k^T (h_{k-1} m_k)`` per direction, one
+    product over all steps and rows (the CUDA lowering's too, after its kernel returns dz).
+
+    ``d_source`` is dz, the gradient of the projected source, in source time ``[T, N, D*H]``;
+    ``z_state`` the forward's z as the op returns it; ``init_state`` ``[N, D*H]`` (zeros when
+    absent), ``mask`` ``[T, N, D*H]`` or None, ``seq_lengths`` int32 ``[N]`` or None (padded
+    steps add nothing, whatever z holds there).
+    """
+    T, _, DH = z_state.shape
+    dims = Dims(T=T, N=z_state.shape[1], I=DH, H=DH // descriptor.directions,
+                D=descriptor.directions)
+    valid = None if seq_lengths is None else valid_steps(seq_lengths, T)
+    dRs = []
+    for d, (dz_d, z_d, h0_d) in enumerate(zip(_halves(d_source, dims), _halves(z_state, dims),
+                                              _halves(init_state, dims))):
+        read_reversed, store_flipped = direction_layout(descriptor, d)
+        if read_reversed:  # both to processing order
+            dz_d = flip_rows(dz_d, seq_lengths)
+        if store_flipped:
+            z_d = flip_rows(z_d, seq_lengths)
+        hm = jnp.concatenate([h0_d[None], activate(descriptor.activation, z_d)])[:T]
+        if mask is not None:
+            hm = hm * _halves(mask, dims)[d]
+        if valid is not None:
+            hm = jnp.where(valid, hm, 0)
+        dRs.append(jnp.einsum("tnh,tnk->hk", dz_d, hm, precision=_HIGHEST))
+    return jnp.stack(dRs)
+
+
 def reference_gradients(source, recurrent_weight, source_gradient, z_state, input_weight=None,
                         bias=None, init_state=None, mask=None,
                         descriptor: Optional[SingleGateRNNDescriptor] = None, *,
@@ -183,18 +214,13 @@ def reference_gradients(source, recurrent_weight, source_gradient, z_state, inpu
     x, g, z = cast(source), cast(source_gradient), cast(z_state)
     valid = None if lengths is None else valid_steps(lengths, dims.T)
 
-    dxps, dRs, dh0s = [], [], []
+    dxps, dh0s = [], []
     for d, (g_d, z_d, h0_d) in enumerate(zip(_halves(g, dims), _halves(z, dims),
                                              _halves(h0, dims))):
         read_reversed, store_flipped = direction_layout(desc, d)
         m_d = None if m is None else _halves(m, dims)[d]
         if store_flipped:  # to processing order
             g_d, z_d = flip_rows(g_d, lengths), flip_rows(z_d, lengths)
-        hm = jnp.concatenate([h0_d[None], activate(desc.activation, z_d)])[:dims.T]
-        if m_d is not None:
-            hm = hm * m_d
-        if valid is not None:  # padded steps add nothing to dR, whatever z holds there
-            hm = jnp.where(valid, hm, 0)
 
         def step(carry, inputs, R_d=R[d]):
             dz_k = (inputs["g"] + carry) * activate_grad(desc.activation, inputs["z"])
@@ -213,12 +239,11 @@ def reference_gradients(source, recurrent_weight, source_gradient, z_state, inpu
         if valid is not None:
             inputs["valid"] = valid
         dh0_d, dz = lax.scan(step, jnp.zeros_like(h0_d), inputs, reverse=True, unroll=unroll)
-        dRs.append(jnp.einsum("tnh,tnk->hk", dz, hm, precision=_HIGHEST))
         dxps.append(flip_rows(dz, lengths) if read_reversed else dz)  # to source time
         dh0s.append(dh0_d)
     dxp = dxps[0] if dims.D == 1 else jnp.concatenate(dxps, axis=-1)
-
-    dR = jnp.stack(dRs) if desc.bidirectional else dRs[0]
+    dR = recurrent_weight_gradient(dxp, z, h0, m, lengths, desc)
+    dR = dR if desc.bidirectional else dR[0]
     if input_weight is None:
         grads = [dxp, dR]
     else:

@@ -45,8 +45,9 @@ def _check(rng, T, N, I, H, dtype, flags, *, mask=None, lengths=None, pattern=(T
     assert_close(got, want, err_msg=str(flags))
 
 
-# Hidden sizes around the kernels' splits: one slice per unit (H <= 64 floats), two (128),
-# clusters of 2 blocks (forward 256) or 4 (gradients 256), 8 (forward 512, gradients by scan).
+# Hidden sizes around the kernels' splits: one wide block (H <= 128), clusters of 2 blocks
+# (256); test_sizes_up_to_and_beyond_the_largest_cluster takes clusters of 8 (300, 512) and
+# the decomposition (1024).
 @requires_gpu
 @pytest.mark.parametrize("act,rev,bi", _grid_flags())
 @pytest.mark.parametrize("H", [1, 37, 128, 256])
@@ -73,8 +74,8 @@ def test_batch_splits_and_optional_inputs(rng, pattern, N):
 
 
 @requires_gpu
-@pytest.mark.parametrize("H", [300, 512, 1024])  # forward on chip up to 512; 1024 by scan
-def test_sizes_beyond_the_gradient_kernel(rng, H):
+@pytest.mark.parametrize("H", [300, 512, 1024])
+def test_sizes_up_to_and_beyond_the_largest_cluster(rng, H):
     _check(rng, 4, 6, 8, H, jnp.float32, dict(activation="tanh", reverse=True))
 
 
@@ -152,8 +153,8 @@ def test_many_training_steps_in_one_jit(rng):
 
 @requires_cuda_build
 @pytest.mark.parametrize("N,H,fwd_call,bwd_call", [
-    (2, 32, True, True), (2, 512, True, False), (2, 1024, False, False),
-    (500, 256, True, False),  # 8 rows per cluster of 2 (forward), 16 per cluster of 4
+    (2, 32, True, True), (2, 512, True, True), (2, 1024, False, False),
+    (1000, 256, True, True),  # 16 rows per cluster of 2
     (3000, 64, False, False)])  # 23 rows per cluster: the decomposition is faster
 def test_lowering_for_cuda_emits_the_custom_calls_that_pay(rng, N, H, fwd_call, bwd_call):
     """Lowered for cuda (no GPU needed): the handler's calls and no while loop where R fits

@@ -3,8 +3,9 @@
 // and enqueues the recurrence kernels (recurrence.cu) on XLA's stream; it never waits for them.
 //
 // They run the recurrence only: the lowering (jax_sgrnn/_lowering.py) applies the input weight
-// and the bias, and computes dW, db and dx from the returned dz, with XLA's matrix products.
-// So the forward takes the projected source as x, and the gradient op returns dz as dx.
+// and the bias, and computes dW, dR, db and dx from the returned dz, with XLA's matrix
+// products. So the forward takes the projected source as x, and the gradient op returns dz as
+// dx and no dR.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -41,7 +42,7 @@ ffi::Error CheckRecurrenceOnly(const Config& c) {
 }
 
 // The plan for these sizes on the current device, or an error saying why there is none.
-ffi::Error PlanFor(const Dims& d, int64_t element_bytes, bool gradients, RecurrencePlan* out) {
+ffi::Error PlanFor(const Dims& d, int64_t element_bytes, RecurrencePlan* out) {
   int device = 0, multiprocessors = 0, shared = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err == cudaSuccess) {
@@ -57,8 +58,8 @@ ffi::Error PlanFor(const Dims& d, int64_t element_bytes, bool gradients, Recurre
                       "T*N*D*H = " + std::to_string(d.T * d.N * d.D * d.H) +
                           " does not fit (the lowering uses the lax.scan decomposition for it)");
   }
-  const std::optional<RecurrencePlan> plan = PlanRecurrence(
-      d.H, d.N, d.D, element_bytes, gradients, multiprocessors, shared);
+  const std::optional<RecurrencePlan> plan =
+      PlanRecurrence(d.H, d.N, d.D, element_bytes, multiprocessors, shared);
   if (!plan) {
     return ffi::Error(ffi::ErrorCode::kInvalidArgument,
                       "jax_sgrnn: hidden size " + std::to_string(d.H) +
@@ -81,7 +82,7 @@ ffi::Error ForwardImpl(ffi::AnyBuffer x, ffi::AnyBuffer R, ffi::AnyBuffer W, ffi
   ffi::Error result = ffi::Error::Success();
   status = DispatchFloat<kF32, kF64>(x.element_type(), "CUDA", [&]<typename T>() {
     RecurrencePlan plan;
-    if (result = PlanFor(d, sizeof(T), false, &plan); result.failure()) return;
+    if (result = PlanFor(d, sizeof(T), &plan); result.failure()) return;
     const int64_t* ms = checked.mask_shape;
     const ForwardArgs<T> args{
         .source = DataOrNull<T>(true, x),
@@ -99,35 +100,25 @@ ffi::Error ForwardImpl(ffi::AnyBuffer x, ffi::AnyBuffer R, ffi::AnyBuffer W, ffi
   return status.failure() ? status : result;
 }
 
-// x is not read (its only use, dW, is the lowering's): it is checked for its shape, and the
-// lowering passes dy there, which has the same shape.
+// x and h0 are not read (their only uses, dW and dR, are the lowering's products): they are
+// checked for their shapes, and the lowering passes dy as x, which has the same shape. dR is
+// the [0] placeholder.
 ffi::Error GradientsImpl(ffi::AnyBuffer x, ffi::AnyBuffer R, ffi::AnyBuffer dy, ffi::AnyBuffer z,
                          ffi::AnyBuffer W, ffi::AnyBuffer b, ffi::AnyBuffer h0,
                          ffi::AnyBuffer mask, ffi::AnyBuffer seq_lengths, Config c,
                          ffi::Result<ffi::AnyBuffer> dx, ffi::Result<ffi::AnyBuffer> dR,
                          ffi::Result<ffi::AnyBuffer> dW, ffi::Result<ffi::AnyBuffer> db,
-                         ffi::Result<ffi::AnyBuffer> dh0, cudaStream_t stream,
-                         ffi::ScratchAllocator scratch) {
+                         ffi::Result<ffi::AnyBuffer> dh0, cudaStream_t stream) {
   CheckedDims checked;
   ffi::Error status = CheckGradients(c, x, R, dy, z, W, b, h0, mask, seq_lengths, *dx, *dR, *dW,
-                                     *db, *dh0, &checked);
+                                     *db, *dh0, &checked, /*with_recurrent_weight_gradient=*/false);
   if (status.failure()) return status;
   if (status = CheckRecurrenceOnly(c); status.failure()) return status;
   const Dims& d = checked.dims;
   ffi::Error result = ffi::Error::Success();
   status = DispatchFloat<kF32, kF64>(x.element_type(), "CUDA", [&]<typename T>() {
     RecurrencePlan plan;
-    if (result = PlanFor(d, sizeof(T), true, &plan); result.failure()) return;
-    T* partial = nullptr;
-    if (d.T > 0 && d.N > 0) {  // one dR per cluster, summed by a second kernel
-      std::optional<void*> bytes = scratch.Allocate(PartialBytes(plan, d, sizeof(T)), 16);
-      if (!bytes) {
-        result = ffi::Error(ffi::ErrorCode::kResourceExhausted,
-                            "jax_sgrnn: CUDA gradients: no scratch memory for the partial dR");
-        return;
-      }
-      partial = static_cast<T*>(*bytes);
-    }
+    if (result = PlanFor(d, sizeof(T), &plan); result.failure()) return;
     const int64_t* ms = checked.mask_shape;
     for (int64_t g = 0; g < checked.G; ++g) {
       const GroupOffsets o = checked.Group(g);
@@ -135,7 +126,6 @@ ffi::Error GradientsImpl(ffi::AnyBuffer x, ffi::AnyBuffer R, ffi::AnyBuffer dy, 
           .R = DataOrNull<T>(true, R),
           .dy = DataOrNull<T>(true, dy) + o.state,
           .z = DataOrNull<T>(true, z) + o.state,
-          .h0 = c.has_init_state ? DataOrNull<T>(true, h0) + o.init_state : nullptr,
           .mask = c.has_mask ? MaskView<T>(DataOrNull<T>(true, mask) + o.mask, ms[1], ms[2],
                                            ms[3])
                              : MaskView<T>(),
@@ -143,9 +133,7 @@ ffi::Error GradientsImpl(ffi::AnyBuffer x, ffi::AnyBuffer R, ffi::AnyBuffer dy, 
                              ? DataOrNull<int32_t>(true, seq_lengths) + o.seq_lengths
                              : nullptr,
           .d_source = MutableOrNull<T>(true, *dx) + o.source,
-          .dR = MutableOrNull<T>(true, *dR) + o.d_recurrent_weight,
-          .dh0 = c.has_init_state ? MutableOrNull<T>(true, *dh0) + o.init_state : nullptr,
-          .partial_dR = partial};
+          .dh0 = c.has_init_state ? MutableOrNull<T>(true, *dh0) + o.init_state : nullptr};
       if (cudaError_t err = LaunchGradients<T>(c, d, plan, args, stream); err != cudaSuccess) {
         result = CudaError(err, "gradients launch");
         return;
@@ -163,8 +151,6 @@ namespace sgrnn {
 XLA_FFI_DEFINE_HANDLER_SYMBOL(CudaForward, cuda::ForwardImpl,
                               BindForward().Ctx<ffi::PlatformStream<cudaStream_t>>());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(CudaGradients, cuda::GradientsImpl,
-                              BindGradients()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()  // XLA's stream
-                                  .Ctx<ffi::ScratchAllocator>());  // for the partial dR
+                              BindGradients().Ctx<ffi::PlatformStream<cudaStream_t>>());
 
 }  // namespace sgrnn

@@ -15,8 +15,9 @@ PYBIND11_MODULE(_sgrnn_cuda, m) {
   sgrnn::DefineRegistrations(m, sgrnn::kCudaTargets, sgrnn::CudaForward, sgrnn::CudaGradients);
   m.def("recurrence_fits", &sgrnn::cuda::PreferOnChip, pybind11::arg("steps"),
         pybind11::arg("hidden"), pybind11::arg("batch"), pybind11::arg("directions"),
-        pybind11::arg("itemsize"), pybind11::arg("gradients"),
-        "Whether the forward (or, with gradients, the gradient) kernel holds R of this size on "
-        "chip and is expected to beat the lax.scan decomposition for this batch "
-        "(csrc/cuda/recurrence_plan.h, PreferOnChip); otherwise the lowering uses the latter.");
+        pybind11::arg("itemsize"),
+        "Whether the recurrence kernels (the forward's and the gradient op's share one plan) "
+        "hold R of this size on chip and are expected to beat the lax.scan decomposition for "
+        "this batch (csrc/cuda/recurrence_plan.h, PreferOnChip); otherwise the lowering uses "
+        "the latter.");
 }

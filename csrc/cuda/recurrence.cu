@@ -2,21 +2,21 @@
 //
 // One launch runs every step. Block (cluster c, rank r) of direction d owns batch rows
 // [c B, c B + B) and hidden units [r U, r U + U); thread (tile t, slice s) keeps kSlice entries
-// of R for each of the tile's kTile units (forward: rows j of R, the gradients: column j) in
-// registers. A step reads the previous state (forward: h_{k-1} * m_k; gradients: dz_k) for the
+// of R for each of the tile's kTile units (forward: rows j of R, backward: columns j) in
+// registers. A step reads the previous state (forward: h_{k-1} * m_k; backward: dz_k) for the
 // block's rows from an exchange buffer in shared memory, sums each unit's S slices with warp
 // shuffles (SumOverSlices), which leave each unit's total with its owner thread, and the owner
 // applies the elementwise rule and writes the result into the other exchange buffer of
 // every block of the cluster (StepSignal: a block barrier ends the step, or in a cluster each
 // block waits on an mbarrier for its rows' values). Two buffers alternate, so that no block
-// overwrites what another is still reading. The forward's owners read a step's operands from
-// global memory before its products; the gradients' are fetched two steps ahead into shared
-// memory (cp.async). Hidden sizes that one block holds whole run "wide" blocks with twice the
-// slice per thread (recurrence_plan.h).
+// overwrites what another is still reading. The owners read a step's operands from global
+// memory before its products. Hidden sizes that one block holds whole run "wide" blocks with
+// twice the slice per thread (recurrence_plan.h).
 #include <cooperative_groups.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/recurrence.h"
 
@@ -57,32 +57,6 @@ __device__ inline StepTimes TimesOf(const DirectionLayout& layout, int k, int le
   const int flipped = length - 1 - k;
   return {layout.read_reversed && valid ? flipped : k, layout.store_flipped && valid ? flipped : k,
           valid};
-}
-
-// Asynchronous copies from global into shared memory (cp.async, sm_80 and later): a gradient
-// step's operands are requested kPrefetchDepth - 1 steps before it runs, so that their latency
-// hides behind the steps between instead of stalling the step's critical path. Each owner
-// thread fetches, waits for and reads only its own entries, so no barrier is needed for them.
-template <typename T>
-__device__ inline void CopyAsync(T* shared, const T* global) {
-  static_assert(sizeof(T) == 4 || sizeof(T) == 8);
-  const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(shared));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(address), "l"(global),
-               "n"(sizeof(T))
-               : "memory");
-}
-__device__ inline void CommitCopies() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-// Waits until at most kPrefetchDepth - 1 groups (the later steps') are still in flight.
-__device__ inline void WaitForStepCopies() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPrefetchDepth - 1) : "memory");
-}
-template <typename T>
-__device__ inline void FetchOr(T* slot, const T* global, bool fetch, T otherwise) {
-  if (fetch) {
-    CopyAsync(slot, global);
-  } else {
-    *slot = otherwise;
-  }
 }
 
 // Writes `value` at `index` of the exchange buffer `buffer` in every block of the cluster
@@ -235,13 +209,12 @@ struct alignas(16) Vector16 {
 };
 
 // acc[g][q] = sum_i rows[g][i] w[q][i] over this thread's slice, for kGroup rows and the
-// tile's kTile units at once, calling also(i, g, rows[g][i]) on every element read (the
-// gradients accumulate dR there). One row of one unit splits its sum into 4 or 8 chains so
-// that FMA latency does not serialise it.
-template <typename T, int kSlice, int kGroup, int kTile, typename F>
+// tile's kTile units at once. One row of one unit splits its sum into 4 or 8 chains so that
+// FMA latency does not serialise it.
+template <typename T, int kSlice, int kGroup, int kTile>
 __device__ __forceinline__ void SliceProducts(const T* const (&rows)[kGroup],
                                               const T (&w)[kTile][kSlice],
-                                              T (&acc)[kGroup][kTile], F&& also) {
+                                              T (&acc)[kGroup][kTile]) {
   constexpr int kVec = 16 / sizeof(T);
   constexpr int kChains = kGroup * kTile == 1 ? (kSlice >= 64 ? 8 : 4) : 1;
   T part[kGroup][kTile][kChains];
@@ -263,7 +236,6 @@ __device__ __forceinline__ void SliceProducts(const T* const (&rows)[kGroup],
         const int i = v * kVec + e;
 #pragma unroll
         for (int q = 0; q < kTile; ++q) part[g][q][i % kChains] += h.v[e] * w[q][i];
-        also(i, g, h.v[e]);
       }
     }
   }
@@ -325,7 +297,7 @@ struct Place {
 };
 
 // This thread's kSlice entries of R for each unit j of its tile in registers: row j (forward)
-// or column j (gradients) of its direction's R, zero beyond H.
+// or column j (backward) of its direction's R, zero beyond H.
 template <typename T, int kSlice, int kTile>
 __device__ inline void LoadSlice(T (&w)[kTile][kSlice], const T* R,
                                  const Place<kSlice, kTile>& p, const Geometry& g, bool column) {
@@ -346,61 +318,47 @@ __device__ inline void LoadSlice(T (&w)[kTile][kSlice], const T* R,
 template <typename T>
 struct BlockMemory {
   uint64_t* signals;  // kSignalBytes: StepSignal's two mbarriers
-  T* exchange;  // two buffers of Geometry::exchange elements: step k reads buffer k & 1
-  T* state;     // [rows][units]: the owners' h (forward) or dL/dh_{k-1} (gradients)
-  T* ring;      // gradients: [kPrefetchDepth][fields][rows][units], prefetched step operands
-  T* hm;        // gradients: [2][rows][units], h_{k-1} m_k for step k's products
+  T* exchange;  // two buffers of Geometry::exchange elements: step i reads buffer i & 1
+  T* state;     // [rows][units]: the forward owners' h
   int32_t* length;  // [rows]: each row's valid steps
-  int exchange_elements, units, field_stride, slot_stride;
+  int exchange_elements, units;
 
   template <int kSlice, int kTile>
   __device__ BlockMemory(const Geometry& g, const Place<kSlice, kTile>& p,
-                         const int32_t* seq_lengths, bool gradients)
-      : exchange_elements(g.exchange), units(g.units), field_stride(g.rows * g.units),
-        slot_stride(static_cast<int>(PrefetchFields(gradients)) * g.rows * g.units) {
+                         const int32_t* seq_lengths)
+      : exchange_elements(g.exchange), units(g.units) {
     extern __shared__ __align__(16) unsigned char shared_bytes[];
     signals = reinterpret_cast<uint64_t*>(shared_bytes);
     exchange = reinterpret_cast<T*>(shared_bytes + kSignalBytes);
     state = exchange + 2 * g.exchange;
-    ring = state + field_stride;
-    hm = ring + kPrefetchDepth * slot_stride;
-    length = reinterpret_cast<int32_t*>(hm + (gradients ? 2 * field_stride : 0));
+    length = reinterpret_cast<int32_t*>(state + g.rows * g.units);
     for (int i = threadIdx.x; i < 2 * g.exchange; i += blockDim.x) exchange[i] = T(0);
     for (int b = threadIdx.x; b < p.rows; b += blockDim.x) {
       length[b] = static_cast<int32_t>(RowLength(seq_lengths, p.row0 + b, g.T));
     }
   }
-  __device__ T* Exchange(int k) const { return exchange + (k & 1) * exchange_elements; }
+  __device__ T* Exchange(int i) const { return exchange + (i & 1) * exchange_elements; }
   __device__ T& State(int b, int unit) const { return state[b * units + unit]; }
-  // Field f of the operands in ring slot `slot` (RingSlots), at (row b, unit).
-  __device__ T& Ring(int slot, int f, int b, int unit) const {
-    return ring[slot * slot_stride + f * field_stride + b * units + unit];
-  }
-  __device__ T& Hm(int k, int b, int unit) const {
-    return hm[(k & 1) * field_stride + b * units + unit];
-  }
-};
-
-// The ring slots of the step being run and of the step being fetched (kPrefetchDepth - 1
-// later); the first kPrefetchDepth - 1 steps are fetched into slots 0, 1, ... before the loop.
-struct RingSlots {
-  int run = 0, fetch = kPrefetchDepth - 1;
-  __device__ void Advance() {
-    run = run + 1 == kPrefetchDepth ? 0 : run + 1;
-    fetch = fetch + 1 == kPrefetchDepth ? 0 : fetch + 1;
-  }
 };
 
 // kPlain: no mask and no lengths, so that every row runs all T steps unmasked and the per-step
-// checks for both drop out (the common case). Measured at 1-10% faster forwards; the gradient
-// kernel does not take it (its wide blocks measured 4% slower with it).
+// checks for both drop out (the common case). Measured at 1-10% faster forwards.
+//
+// The forward and the backward kernel have the same skeleton (the products, the sums, the
+// hand-over) and differ in what the owners read and do per row. They are written out
+// separately: one template with the per-row work in functions measured 20-55% slower
+// forwards (617 against 415 us at (1000,8,128) on an H200), with the same instructions per step.
+//
+// Forward, step k = 0, 1, ...: z_k = x_k + (h_{k-1} m_k) R^T, h_k = act(z_k); y and z are
+// stored in the direction's output slot, and the next step reads h_k m_{k+1}. A finished row
+// keeps its state and gives zeros.
 template <typename T, Activation A, int kGroup, bool kWide, bool kPlain>
 __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
     ForwardKernel(Config c, Geometry g, ForwardArgs<T> a) {
-  constexpr int kTile = UnitsPerThread(false);
-  constexpr int kSlice = SliceLength(sizeof(T), false, kWide);
+  constexpr int kTile = kUnitsPerThread;
+  constexpr int kSlice = SliceLength(sizeof(T), kWide);
   const Place<kSlice, kTile> p(g);
-  const BlockMemory<T> mem(g, p, a.seq_lengths, false);
+  const BlockMemory<T> mem(g, p, a.seq_lengths);
   const DirectionLayout layout = LayoutOf(c, p.direction);
   const int step = g.StepStride(), u = p.unit_in_block;
   const auto length_of = [&](int b) { return kPlain ? g.T : static_cast<int>(mem.length[b]); };
@@ -427,8 +385,8 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
     signal.Begin(k, g.T);
     const T* current = mem.Exchange(k) + p.read_offset;
     for (int b0 = 0; warp_has_unit && b0 < p.rows; b0 += kGroup) {
-      // The owners read their operands from global memory before the products, so that the
-      // loads' latency hides behind them (no prefetch ring: recurrence_plan.h says why).
+      // The owners read their operands from global memory before the products, which hide the
+      // loads' latency (a cp.async ring measured slower: docs/performance.md, "Fourth pass").
       const T* rows[kGroup];
       T input[kGroup], mask_next[kGroup];
       StepTimes times[kGroup];
@@ -443,7 +401,7 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
                                              : T(1);
       }
       T products[kGroup][kTile], acc[kGroup];
-      SliceProducts(rows, w, products, [](int, int, T) {});
+      SliceProducts(rows, w, products);
 #pragma unroll
       for (int r = 0; r < kGroup; ++r) acc[r] = SumOverSlices(products[r], g.slices, p.slice);
       if (!p.owner) continue;
@@ -470,111 +428,71 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
   signal.Finish();
 }
 
-template <typename T, Activation A, int kGroup, bool kWide>
+// Backward, step k = T-1, T-2, ... (the i-th processed is k = T - 1 - i): the step reads dz_k,
+// and its products give the carry (dz_k R) m_k (zero at a padded step), from which
+// dz_{k-1} = (dy_{k-1} + carry) act'(z_{k-1}) (zero at a padded step), stored in source time,
+// is what step k - 1 reads. Step 0's carry is dh0. dR is not formed here: it is one product
+// over all steps, XLA's (jax_sgrnn/_lowering.py).
+template <typename T, Activation A, int kGroup, bool kWide, bool kPlain>
 __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
-    GradientsKernel(Config c, Geometry g, GradientArgs<T> a, int64_t cluster_stride) {
-  constexpr int kTile = UnitsPerThread(true);
-  constexpr int kSlice = SliceLength(sizeof(T), true, kWide);
+    BackwardKernel(Config c, Geometry g, GradientArgs<T> a) {
+  constexpr int kTile = kUnitsPerThread;
+  constexpr int kSlice = SliceLength(sizeof(T), kWide);
   const Place<kSlice, kTile> p(g);
-  const BlockMemory<T> mem(g, p, a.seq_lengths, true);
+  const BlockMemory<T> mem(g, p, a.seq_lengths);
   const DirectionLayout layout = LayoutOf(c, p.direction);
-  const int step = g.StepStride(), u = p.unit_in_block;
-  // Columns j of R, and this thread's share of dR's columns j, for the tile's units j.
-  T w[kTile][kSlice], dR[kTile][kSlice];
+  const int step = g.StepStride();
+  const auto length_of = [&](int b) { return kPlain ? g.T : static_cast<int>(mem.length[b]); };
+  const bool masked = !kPlain && a.mask.data != nullptr;
+  T w[kTile][kSlice];  // columns j of R
   LoadSlice(w, a.R, p, g, true);
-#pragma unroll
-  for (int q = 0; q < kTile; ++q) {
-#pragma unroll
-    for (int i = 0; i < kSlice; ++i) dR[q][i] = T(0);
-  }
-
-  // Steps run in descending k; the i-th processed is k = T - 1 - i. Step k's operands (ring
-  // fields): 0, its mask; 1 and 2, z and dy of step k - 1 (for dz_{k-1}); 3 and 4, the mask of
-  // step k - 1 and z of step k - 2 (for h_{k-2} m_{k-1}). z and dy are zero at padded steps;
-  // the masks are not fetched without a mask.
-  const auto fetch = [&](int k, int i) {  // i: the ring slot
-    if (p.owner && k >= 0) {
-      for (int b = 0; b < p.rows; ++b) {
-        const int n = p.row0 + b, length = mem.length[b];
-        if (a.mask.data) CopyAsync(&mem.Ring(i, 0, b, u), MaskPointer(a.mask, k, n, p.column));
-        if (k < 1) continue;
-        const StepTimes prev = TimesOf(layout, k - 1, length);
-        const int prev_at = prev.slot * step + p.Offset(b);
-        FetchOr(&mem.Ring(i, 1, b, u), a.z + prev_at, prev.valid, T(0));
-        FetchOr(&mem.Ring(i, 2, b, u), a.dy + prev_at, prev.valid, T(0));
-        if (a.mask.data) {
-          CopyAsync(&mem.Ring(i, 3, b, u), MaskPointer(a.mask, k - 1, n, p.column));
-        }
-        const StepTimes before = TimesOf(layout, k >= 2 ? k - 2 : 0, length);
-        FetchOr(&mem.Ring(i, 4, b, u), a.z + before.slot * step + p.Offset(b),
-                k >= 2 && before.valid, T(0));
-      }
-    }
-    CommitCopies();
-  };
-  // dz_k = (dy + carry) act'(z) at row b (zero at padded steps), stored in source time; the
-  // caller sends it to every block of the cluster for step k's products.
-  const auto store_dz = [&](int b, const StepTimes& t, T z, T dy, T carry) {
+  // dz at row b of a step with times t, from its dy and z and the carry from the step after.
+  const auto store_dz = [&](int b, const StepTimes& t, T dy, T z, T carry) {
     const T dz = t.valid ? (dy + carry) * ActivateGrad<A>(z, Activate<A>(z)) : T(0);
     a.d_source[t.in_time * step + p.Offset(b)] = dz;
     return dz;
   };
-  // h_{k-1} m_k at row b, which step k's products add to dR (zero at a padded step).
-  const auto put_hm = [&](int k, int b, bool valid, T z_before, T m) {
-    const T h = k > 0 ? Activate<A>(z_before) : (a.h0 ? a.h0[p.Offset(b)] : T(0));
-    mem.Hm(k, b, u) = valid ? h * m : T(0);
-  };
+
   const StepSignal<T> signal(mem.signals, p.rows, g.H, g.cluster);
   const bool warp_has_unit = __any_sync(0xffffffffu, p.has_unit);
   ClusterBarrier(g.cluster);  // zeroed buffers and set-up mbarriers, as in the forward
-  for (int i = 0; i < kPrefetchDepth - 1; ++i) fetch(g.T - 1 - i, i);
 
-  if (p.owner) {  // step T - 1's operands, read directly once
-    const int k = g.T - 1;
+  if (p.owner) {  // dz_{T-1}
     for (int b = 0; b < p.rows; ++b) {
-      const int length = mem.length[b];
-      const StepTimes t = TimesOf(layout, k, length);
+      const StepTimes t = TimesOf(layout, g.T - 1, length_of(b));
       const int at = t.slot * step + p.Offset(b);
-      Broadcast(mem.Exchange(k), p.ExchangeIndex(b),
-                store_dz(b, t, t.valid ? a.z[at] : T(0), t.valid ? a.dy[at] : T(0), T(0)),
+      Broadcast(mem.Exchange(0), p.ExchangeIndex(b),
+                store_dz(b, t, t.valid ? a.dy[at] : T(0), t.valid ? a.z[at] : T(0), T(0)),
                 g.cluster);
-      const StepTimes before = TimesOf(layout, k > 0 ? k - 1 : 0, length);
-      put_hm(k, b, t.valid, k > 0 && before.valid ? a.z[before.slot * step + p.Offset(b)] : T(0),
-             MaskAt(a.mask, k, p.row0 + b, p.column));
     }
   }
   ClusterBarrier(g.cluster);
 
-  // Step k: carry = (dz_k R) m_k and dR[:, j] += dz_k (h_{k-1} m_k)[j]; then the owners send
-  // dz_{k-1} and put h_{k-2} m_{k-1} for step k - 1.
-  RingSlots slots;
-  for (int k = g.T - 1; k >= 0; --k, slots.Advance()) {
-    const int i = slots.run;
-    fetch(k - (kPrefetchDepth - 1), slots.fetch);
-    WaitForStepCopies();
-    const int processed = g.T - 1 - k;  // StepSignal counts steps in processing order
-    signal.Begin(processed, g.T);
-    const T* current = mem.Exchange(k) + p.read_offset;
+  for (int i = 0; i < g.T; ++i) {
+    const int k = g.T - 1 - i;
+    signal.Begin(i, g.T);
+    const T* current = mem.Exchange(i) + p.read_offset;
     for (int b0 = 0; warp_has_unit && b0 < p.rows; b0 += kGroup) {
+      // Step k's mask, and dy and z of step k - 1, read before the products as in the forward.
       const T* rows[kGroup];
-      T hm[kGroup][kTile];
-      int length[kGroup];
+      T mask[kGroup], dy[kGroup], z[kGroup];
+      StepTimes prev[kGroup];
+      bool valid[kGroup];
 #pragma unroll
       for (int r = 0; r < kGroup; ++r) {
         const int b = min(b0 + r, p.rows - 1);
         rows[r] = current + b * p.exchange_row;
-#pragma unroll
-        for (int q = 0; q < kTile; ++q) {  // repeated rows and units past the tile add nothing
-          hm[r][q] = q < p.tile_units && b0 + r < p.rows ? mem.Hm(k, b, p.tile_in_block + q)
-                                                         : T(0);
-        }
-        length[r] = mem.length[b];
+        if (!p.owner) continue;
+        const int length = length_of(b);
+        valid[r] = k < length;
+        mask[r] = masked ? *MaskPointer(a.mask, k, p.row0 + b, p.column) : T(1);
+        prev[r] = TimesOf(layout, k > 0 ? k - 1 : 0, length);
+        const int at = prev[r].slot * step + p.Offset(b);
+        dy[r] = k > 0 && prev[r].valid ? a.dy[at] : T(0);
+        z[r] = k > 0 && prev[r].valid ? a.z[at] : T(0);
       }
       T products[kGroup][kTile], acc[kGroup];
-      SliceProducts(rows, w, products, [&](int e, int r, T dz) {
-#pragma unroll
-        for (int q = 0; q < kTile; ++q) dR[q][e] += dz * hm[r][q];
-      });
+      SliceProducts(rows, w, products);
 #pragma unroll
       for (int r = 0; r < kGroup; ++r) acc[r] = SumOverSlices(products[r], g.slices, p.slice);
       if (!p.owner) continue;
@@ -582,47 +500,18 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
       for (int r = 0; r < kGroup; ++r) {
         const int b = b0 + r;
         if (b >= p.rows) break;
-        T& carry = mem.State(b, u);
-        const T m = a.mask.data ? mem.Ring(i, 0, b, u) : T(1);
-        carry = TimesOf(layout, k, length[r]).valid ? acc[r] * m : T(0);
+        const T carry = valid[r] ? acc[r] * mask[r] : T(0);
         if (k > 0) {
-          const StepTimes prev = TimesOf(layout, k - 1, length[r]);
-          const T dz = store_dz(b, prev, mem.Ring(i, 1, b, u), mem.Ring(i, 2, b, u), carry);
-          signal.Send(mem.Exchange(k - 1), p.ExchangeIndex(b), dz, processed);
-          put_hm(k - 1, b, prev.valid, mem.Ring(i, 4, b, u),
-                 a.mask.data ? mem.Ring(i, 3, b, u) : T(1));
+          signal.Send(mem.Exchange(i + 1), p.ExchangeIndex(b),
+                      store_dz(b, prev[r], dy[r], z[r], carry), i);
+        } else if (a.dh0) {
+          a.dh0[p.Offset(b)] = carry;
         }
       }
     }
-    __syncwarp();  // the owners' h m for the next step, which the unit's other slices read
     signal.End();
   }
   signal.Finish();
-
-  if (p.owner && a.dh0) {
-    for (int b = 0; b < p.rows; ++b) a.dh0[p.Offset(b)] = mem.State(b, u);
-  }
-  T* partial = a.partial_dR + (blockIdx.x / g.cluster) * cluster_stride +
-               p.direction * g.H * g.H;
-#pragma unroll
-  for (int q = 0; q < kTile; ++q) {
-#pragma unroll
-    for (int i = 0; i < kSlice; ++i) {
-      const int k = p.slice * kSlice + i;
-      if (q < p.tile_units && k < g.H) partial[k * g.H + p.tile_first + q] = dR[q][i];
-    }
-  }
-}
-
-// out[i] = sum over c of partial[c * size + i], in order of c (deterministic).
-template <typename T>
-__global__ void SumPartials(const T* partial, int64_t count, int64_t size, T* out) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < size;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    T sum = T(0);
-    for (int64_t c = 0; c < count; ++c) sum += partial[c * size + i];
-    out[i] = sum;
-  }
 }
 
 Geometry GeometryOf(const Dims& d, const RecurrencePlan& plan, int64_t element_bytes) {
@@ -689,47 +578,44 @@ cudaError_t DispatchActivationOf(Activation activation, F&& f) {
   return err;
 }
 
+// Launches the forward kernel (ForwardArgs) or the backward kernel (GradientArgs) under `plan`.
+template <typename T, typename Args>
+cudaError_t LaunchRecurrence(const Config& c, const Dims& d, const RecurrencePlan& plan,
+                             const Args& args, cudaStream_t stream) {
+  constexpr bool kBackward = std::is_same_v<Args, GradientArgs<T>>;
+  const Geometry geometry = GeometryOf(d, plan, sizeof(T));
+  return DispatchActivationOf(c.activation, [&]<Activation A>() {
+    return DispatchShape(plan, [&]<int kGroup, bool kWide>() {
+      return DispatchPlain(!args.mask.data && !args.seq_lengths, [&]<bool kPlain>() {
+        if constexpr (kBackward) {
+          return Launch(BackwardKernel<T, A, kGroup, kWide, kPlain>, plan, d.D, stream, c,
+                        geometry, args);
+        } else {
+          return Launch(ForwardKernel<T, A, kGroup, kWide, kPlain>, plan, d.D, stream, c,
+                        geometry, args);
+        }
+      });
+    });
+  });
+}
+
 }  // namespace
 
 template <typename T>
 cudaError_t LaunchForward(const Config& c, const Dims& d, const RecurrencePlan& plan,
                           const ForwardArgs<T>& args, cudaStream_t stream) {
   if (d.T == 0 || d.N == 0) return cudaSuccess;
-  const Geometry geometry = GeometryOf(d, plan, sizeof(T));
-  return DispatchActivationOf(c.activation, [&]<Activation A>() {
-    return DispatchShape(plan, [&]<int kGroup, bool kWide>() {
-      return DispatchPlain(!args.mask.data && !args.seq_lengths, [&]<bool kPlain>() {
-        return Launch(ForwardKernel<T, A, kGroup, kWide, kPlain>, plan, d.D, stream, c, geometry,
-                      args);
-      });
-    });
-  });
+  return LaunchRecurrence<T>(c, d, plan, args, stream);
 }
 
 template <typename T>
 cudaError_t LaunchGradients(const Config& c, const Dims& d, const RecurrencePlan& plan,
                             const GradientArgs<T>& args, cudaStream_t stream) {
-  const int64_t weight_elements = d.D * d.H * d.H;
-  if (d.T == 0 || d.N == 0) {  // no steps: every gradient is zero
-    cudaError_t err = cudaMemsetAsync(args.dR, 0, weight_elements * sizeof(T), stream);
-    if (err == cudaSuccess && args.dh0 && d.N > 0) {
-      err = cudaMemsetAsync(args.dh0, 0, d.N * d.DH() * sizeof(T), stream);
-    }
-    return err;
+  if (d.T == 0 || d.N == 0) {  // no steps: dh0 is zero
+    return args.dh0 && d.N > 0 ? cudaMemsetAsync(args.dh0, 0, d.N * d.DH() * sizeof(T), stream)
+                               : cudaSuccess;
   }
-  const Geometry geometry = GeometryOf(d, plan, sizeof(T));
-  const cudaError_t err = DispatchActivationOf(c.activation, [&]<Activation A>() {
-    return DispatchShape(plan, [&]<int kGroup, bool kWide>() {
-      return Launch(GradientsKernel<T, A, kGroup, kWide>, plan, d.D, stream, c, geometry, args,
-                    weight_elements);
-    });
-  });
-  if (err != cudaSuccess) return err;
-  constexpr int kThreads = 256;
-  const int64_t blocks = std::min<int64_t>((weight_elements + kThreads - 1) / kThreads, 1024);
-  SumPartials<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-      args.partial_dR, plan.clusters, weight_elements, args.dR);
-  return cudaGetLastError();
+  return LaunchRecurrence<T>(c, d, plan, args, stream);
 }
 
 template cudaError_t LaunchForward<float>(const Config&, const Dims&, const RecurrencePlan&,

@@ -1,6 +1,6 @@
 // The sequential part of the single-gate RNN on an NVIDIA GPU: one persistent kernel launch
 // runs all T steps of both directions (recurrence.cu; the split is recurrence_plan.h). The
-// large matrix products around it (the input projection, dW, dx) are XLA's, in the lowering.
+// large matrix products around it (the input projection, dW, dR, dx) are XLA's, in the lowering.
 #ifndef JAX_SGRNN_CUDA_RECURRENCE_H_
 #define JAX_SGRNN_CUDA_RECURRENCE_H_
 
@@ -25,25 +25,18 @@ struct ForwardArgs {
   T* z;  // [T, N, D*H] or null
 };
 
-// Backpropagation through time: the gradient of the projected source (dz), dR and dh0.
+// Backpropagation through time: the gradient of the projected source (dz) and dh0. dR is the
+// sum over steps of dz_k^T (h_{k-1} m_k), one large product that the lowering leaves to XLA.
 template <typename T>
 struct GradientArgs {
   const T* R;   // [D, H, H]
   const T* dy;  // [T, N, D*H]
   const T* z;   // [T, N, D*H]
-  const T* h0;  // [N, D*H] or null (zeros)
   MaskView<T> mask;
   const int32_t* seq_lengths;
   T* d_source;  // dz in source time [T, N, D*H]
-  T* dR;        // [D, H, H]
   T* dh0;       // [N, D*H] or null
-  T* partial_dR;  // scratch: [plan.clusters, D, H, H], one dR per cluster, summed in order
 };
-
-// Bytes of scratch GradientArgs::partial_dR needs under `plan`.
-inline int64_t PartialBytes(const RecurrencePlan& plan, const Dims& d, int64_t element_bytes) {
-  return plan.clusters * d.D * d.H * d.H * element_bytes;
-}
 
 // Enqueue the kernels on `stream`; nothing waits for them. `plan` comes from PlanRecurrence
 // for these sizes. Returns the first CUDA error.

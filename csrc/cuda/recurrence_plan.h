@@ -3,10 +3,11 @@
 //
 // Batch rows are independent, so each thread-block cluster owns a group of rows and runs all T
 // steps for them with R held in registers: a block's threads each hold a tile of R, kSlice
-// entries of each of `tile` hidden units (forward: rows of R; the gradients: columns), `slices`
-// threads share a tile's units, and the `cluster` blocks of a cluster split the H units between
-// them. Per step a cluster exchanges the new state through (distributed) shared memory and
-// meets at one barrier.
+// entries of each of kUnitsPerThread hidden units (forward: rows of R; backward: columns),
+// `slices` threads share a tile's units, and the `cluster` blocks of a cluster split the H
+// units between them. Per step a cluster exchanges the new state through (distributed) shared
+// memory and meets at one barrier. The forward and the backward recurrence have the same
+// shape of work (the backward's dR is one product after it, XLA's), so they share one plan.
 #ifndef JAX_SGRNN_CUDA_RECURRENCE_PLAN_H_
 #define JAX_SGRNN_CUDA_RECURRENCE_PLAN_H_
 
@@ -17,35 +18,24 @@
 
 namespace sgrnn::cuda {
 
-// Hidden units whose rows (forward) or columns (gradients) of R one thread holds. In the
-// forward, each value of the state that a thread reads from shared memory then feeds 4 FMAs
-// instead of one: with one unit per thread, a 16-byte shared load (4 wavefronts a warp) per 4
-// FMAs saturated shared memory first. The gradients, limited elsewhere, measured 2-14% slower
-// with 4 at three of four shapes (docs/performance.md, "Fifth pass", on an H200).
-inline constexpr int64_t UnitsPerThread(bool gradients) { return gradients ? 1 : 4; }
+// Hidden units whose rows (forward) or columns (backward) of R one thread holds: each value
+// of the state that a thread reads from shared memory then feeds 4 FMAs instead of one. With
+// one unit per thread, a 16-byte shared load (4 wavefronts a warp) per 4 FMAs saturated shared
+// memory first (docs/performance.md, "Fifth pass", on an H200).
+inline constexpr int64_t kUnitsPerThread = 4;
 
-// Entries of R each thread keeps in registers: 256 bytes (64 floats) in the forward, half as
-// many in the gradients, whose threads also keep their share of dR. With __launch_bounds__ of
-// kMaxThreads each thread may use 128 registers, which these fit. Wide blocks (at most
+// Entries of R each thread keeps in registers: 256 bytes (64 floats). With __launch_bounds__
+// of kMaxThreads each thread may use 128 registers, which these fit. Wide blocks (at most
 // kWideThreads threads, so up to 255 registers each) keep twice as many: for hidden sizes that
 // one such block holds whole, fewer threads do the same products, with fewer warp shuffles and
 // the per-unit step work spread over fewer warps. The slice is what a thread holds of each of
-// its units: those entries over UnitsPerThread.
-inline constexpr int64_t SliceLength(int64_t element_bytes, bool gradients, bool wide) {
-  return (gradients ? 128 : 256) * (wide ? 2 : 1) / element_bytes / UnitsPerThread(gradients);
+// its units: those entries over kUnitsPerThread.
+inline constexpr int64_t SliceLength(int64_t element_bytes, bool wide) {
+  return 256 * (wide ? 2 : 1) / element_bytes / kUnitsPerThread;
 }
 // Padding after each slice in the exchange buffer (one 16-byte vector), so that the S slices
 // that one warp reads at once sit in different shared-memory banks.
 inline constexpr int64_t SlicePadding(int64_t element_bytes) { return 16 / element_bytes; }
-
-// The gradients' step operands are fetched into shared memory this many steps (less one)
-// before they run, so that their global-memory latency hides behind the steps between
-// (recurrence.cu). The forward reads its few operands directly: measured on an H200, a ring
-// there cost more per step than it hid (docs/performance.md, "Fourth pass").
-inline constexpr int64_t kPrefetchDepth = 3;
-// Values fetched per step and (row, unit): the gradients' mask, z and dy of the step before,
-// and the mask and z of the step before that; none in the forward.
-inline constexpr int64_t PrefetchFields(bool gradients) { return gradients ? 5 : 0; }
 
 inline constexpr int64_t kMaxThreads = 512;
 inline constexpr int64_t kWideThreads = 256;
@@ -54,11 +44,10 @@ inline constexpr int64_t kMaxCluster = 8;
 
 struct RecurrencePlan {
   int64_t slice;     // entries of each of its units' R per thread (SliceLength)
-  int64_t tile;      // hidden units per thread (UnitsPerThread)
-  int64_t slices;    // S: threads per tile of units, a power of two in [tile, 32]
+  int64_t slices;    // S: threads per tile of units, a power of two in [kUnitsPerThread, 32]
   int64_t cluster;   // C: blocks of a cluster, splitting the H units
   int64_t units;     // U: hidden units per block, ceil(H / C)
-  int64_t threads;   // ceil(U / tile) * S rounded up to whole warps
+  int64_t threads;   // ceil(U / kUnitsPerThread) * S rounded up to whole warps
   int64_t rows;      // B: batch rows per cluster
   int64_t clusters;  // K: clusters per direction, ceil(N / B)
   int64_t shared_bytes;  // dynamic shared memory per block
@@ -74,50 +63,46 @@ struct RecurrencePlan {
 // buffers' arrival in a cluster (recurrence.cu), 16 bytes so that what follows stays aligned.
 inline constexpr int64_t kSignalBytes = 16;
 
-// Shared memory per batch row of a block: two exchange buffers (double-buffered steps); per
-// unit the owner's state (forward h, gradients dL/dh) and, in the gradients, the prefetch ring
-// and two buffers of h_{k-1} m_k for the products; and the row's length (int32).
-inline int64_t SharedBytesPerRow(const RecurrencePlan& plan, int64_t element_bytes,
-                                 bool gradients) {
-  const int64_t per_unit = 1 + kPrefetchDepth * PrefetchFields(gradients) + (gradients ? 2 : 0);
+// Shared memory per batch row of a block: two exchange buffers (double-buffered steps), per
+// unit the forward owner's h (kept over a row's padded steps), and the row's length (int32).
+inline int64_t SharedBytesPerRow(const RecurrencePlan& plan, int64_t element_bytes) {
   return element_bytes * (2 * plan.slices * (plan.slice + SlicePadding(element_bytes)) +
-                          plan.units * per_unit) +
+                          plan.units) +
          static_cast<int64_t>(sizeof(int32_t));
 }
 
 // The threads sharing a tile of units: enough slices to cover a row of R, a power of two, and
 // at least one per unit of the tile (the kernels' sum over slices leaves each unit's total with
 // its own thread; slices past H hold zeros).
-inline int64_t SlicesFor(int64_t H, int64_t slice, int64_t tile) {
+inline int64_t SlicesFor(int64_t H, int64_t slice) {
   int64_t slices = 1;
   while (slices * slice < H) slices *= 2;
-  return std::max(slices, tile);
+  return std::max(slices, kUnitsPerThread);
 }
 
 // The block shape (everything but rows, clusters and shared_bytes) for hidden size H, or
 // nothing when R does not fit on chip at this size. Independent of the batch and the device,
 // so the lowering can ask it (jax_sgrnn/_backends.py) before any GPU is seen.
-inline std::optional<RecurrencePlan> BlockShape(int64_t H, int64_t element_bytes,
-                                                bool gradients) {
+inline std::optional<RecurrencePlan> BlockShape(int64_t H, int64_t element_bytes) {
   if (H < 1) return std::nullopt;
-  const int64_t tile = UnitsPerThread(gradients);
-  const auto threads_for = [&](int64_t units, int64_t slices) {
-    return ((units + tile - 1) / tile * slices + 31) / 32 * 32;
+  const auto threads_for = [](int64_t units, int64_t slices) {
+    return ((units + kUnitsPerThread - 1) / kUnitsPerThread * slices + 31) / 32 * 32;
   };
-  const int64_t wide_slice = SliceLength(element_bytes, gradients, true);
-  const int64_t wide_slices = SlicesFor(H, wide_slice, tile);
-  if (wide_slices <= 2 * tile && threads_for(H, wide_slices) <= kWideThreads) {
-    return RecurrencePlan{wide_slice, tile, wide_slices, 1, H, threads_for(H, wide_slices),
-                          0, 0, 0, true};
+  const int64_t wide_slice = SliceLength(element_bytes, true);
+  const int64_t wide_slices = SlicesFor(H, wide_slice);
+  if (threads_for(H, wide_slices) <= kWideThreads) {
+    return RecurrencePlan{wide_slice, wide_slices, 1, H, threads_for(H, wide_slices), 0, 0, 0,
+                          true};
   }
-  const int64_t slice = SliceLength(element_bytes, gradients, false);
-  const int64_t slices = SlicesFor(H, slice, tile);
+  const int64_t slice = SliceLength(element_bytes, false);
+  const int64_t slices = SlicesFor(H, slice);
   if (slices > 32) return std::nullopt;
   for (int64_t cluster = 1; cluster <= kMaxCluster; cluster *= 2) {
     const int64_t units = (H + cluster - 1) / cluster;
     const int64_t threads = threads_for(units, slices);
-    if (threads <= kMaxThreads) return RecurrencePlan{slice, tile, slices, cluster, units,
-                                                      threads, 0, 0, 0, false};
+    if (threads <= kMaxThreads) {
+      return RecurrencePlan{slice, slices, cluster, units, threads, 0, 0, 0, false};
+    }
   }
   return std::nullopt;
 }
@@ -126,16 +111,16 @@ inline std::optional<RecurrencePlan> BlockShape(int64_t H, int64_t element_bytes
 // `max_shared_bytes` of shared memory per block: as few rows per cluster as fill the device in
 // one wave, and no more than fit in shared memory (further clusters then run in later waves).
 inline std::optional<RecurrencePlan> PlanRecurrence(int64_t H, int64_t N, int64_t D,
-                                                    int64_t element_bytes, bool gradients,
+                                                    int64_t element_bytes,
                                                     int64_t multiprocessors,
                                                     int64_t max_shared_bytes) {
-  std::optional<RecurrencePlan> plan = BlockShape(H, element_bytes, gradients);
+  std::optional<RecurrencePlan> plan = BlockShape(H, element_bytes);
   if (!plan || N < 1) return plan;
   // The fewest rows per cluster whose clusters, whole, fit the device in one wave.
   const int64_t blocks_per_cluster = plan->cluster * D;
   const int64_t cluster_slots = std::max<int64_t>(1, multiprocessors / blocks_per_cluster);
   int64_t rows = (N + cluster_slots - 1) / cluster_slots;
-  const int64_t per_row = SharedBytesPerRow(*plan, element_bytes, gradients);
+  const int64_t per_row = SharedBytesPerRow(*plan, element_bytes);
   rows = std::min(rows, (max_shared_bytes - kSignalBytes) / per_row);
   if (rows < 1) return std::nullopt;
   plan->rows = rows;
@@ -152,22 +137,20 @@ inline bool IndexesFit(int64_t T, int64_t N, int64_t D, int64_t H) {
 }
 
 // Whether to run the on-chip recurrence for N rows and D directions rather than the lax.scan
-// decomposition (whose steps are cuBLAS products). Measured on an H200 (docs/performance.md,
-// "GPU"): the kernels are several times faster while each cluster owns a few rows; the
-// gradient kernel was level at 4 and slower from 16 (2x at 32), where its per-row work per
-// step outgrows one cuBLAS product over the whole batch; the forward, four units a thread,
-// still ran (50,1024,256,256) at 16 rows in 0.43 ms against the decomposition's 1.3 ms. The
-// lowering decides before any GPU is seen, so the rows per cluster are counted for a GPU of
-// kTypicalMultiprocessors SMs (H100, H200).
-inline constexpr int64_t MaxRowsPerCluster(bool gradients) { return gradients ? 8 : 16; }
+// decomposition (whose steps are cuBLAS products). Both kernels share one plan. Measured on an
+// H200 (docs/performance.md, "GPU"): the kernels are several times faster while each cluster
+// owns a few rows; at 16 rows the forward still ran (50,1024,256,256) in 0.43 ms against the
+// decomposition's 1.3 ms, and 32 rows were not compared. The lowering decides before any GPU
+// is seen, so the rows per cluster are counted for a GPU of kTypicalMultiprocessors SMs (H100,
+// H200).
+inline constexpr int64_t kMaxRowsPerCluster = 16;
 inline constexpr int64_t kTypicalMultiprocessors = 132;
 
-inline bool PreferOnChip(int64_t T, int64_t H, int64_t N, int64_t D, int64_t element_bytes,
-                         bool gradients) {
+inline bool PreferOnChip(int64_t T, int64_t H, int64_t N, int64_t D, int64_t element_bytes) {
   const std::optional<RecurrencePlan> plan =
-      PlanRecurrence(H, N, D, element_bytes, gradients, kTypicalMultiprocessors,
+      PlanRecurrence(H, N, D, element_bytes, kTypicalMultiprocessors,
                      std::numeric_limits<int64_t>::max());
-  return IndexesFit(T, N, D, H) && plan && plan->rows <= MaxRowsPerCluster(gradients);
+  return IndexesFit(T, N, D, H) && plan && plan->rows <= kMaxRowsPerCluster;
 }
 
 }  // namespace sgrnn::cuda

@@ -160,7 +160,7 @@ ffi::Error CheckGradients(const Config& c, ffi::AnyBuffer x, ffi::AnyBuffer R, f
                           ffi::AnyBuffer mask, ffi::AnyBuffer seq_lengths, ffi::AnyBuffer dx,
                           ffi::AnyBuffer dR,
                           ffi::AnyBuffer dW, ffi::AnyBuffer db, ffi::AnyBuffer dh0,
-                          CheckedDims* out) {
+                          CheckedDims* out, bool with_recurrent_weight_gradient) {
   Checker check(x.element_type());
   Dims& d = out->dims;
   d = Dims{0, 0, 0, 0, 1};
@@ -181,7 +181,7 @@ ffi::Error CheckGradients(const Config& c, ffi::AnyBuffer x, ffi::AnyBuffer R, f
   }
   check.Lengths("seq_lengths", c.has_seq_lengths, seq_lengths, {G, d.N});
   check.Exact("d_source", dx, {G, d.T, d.N, d.I});
-  check.Exact("d_recurrent_weight", dR, {G, d.D, d.H, d.H});
+  check.Optional("d_recurrent_weight", with_recurrent_weight_gradient, dR, {G, d.D, d.H, d.H});
   check.Optional("d_input_weight", c.has_input_weight, dW, {G, DH, d.I});
   check.Optional("d_bias", c.has_bias, db, {G, DH});
   check.Optional("d_init_state", c.has_init_state, dh0, {G, d.N, DH});

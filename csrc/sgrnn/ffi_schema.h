@@ -61,7 +61,7 @@ inline auto BindGradients() {
       .Arg<ffi::AnyBuffer>()  // seq_lengths: int32 [G, N], or int32 [0]
       .Attrs<Config>()
       .Ret<ffi::AnyBuffer>()   // dx: [G, T, N, I]
-      .Ret<ffi::AnyBuffer>()   // dR: [G, D, H, H]
+      .Ret<ffi::AnyBuffer>()   // dR: [G, D, H, H] (CUDA: [0], see CheckGradients)
       .Ret<ffi::AnyBuffer>()   // dW: [G, D*H, I], or [0]
       .Ret<ffi::AnyBuffer>()   // db: [G, D*H], or [0]
       .Ret<ffi::AnyBuffer>();  // dh0: [G, N, D*H], or [0]
@@ -102,12 +102,14 @@ ffi::Error CheckForward(const Config& c, ffi::AnyBuffer x, ffi::AnyBuffer R, ffi
                         ffi::AnyBuffer seq_lengths, ffi::AnyBuffer y, ffi::AnyBuffer z,
                         CheckedDims* out);
 
+// A handler that leaves dR to the lowering (CUDA: one product over all steps, XLA's) passes
+// with_recurrent_weight_gradient = false, and dR is then the [0] placeholder.
 ffi::Error CheckGradients(const Config& c, ffi::AnyBuffer x, ffi::AnyBuffer R, ffi::AnyBuffer dy,
                           ffi::AnyBuffer z, ffi::AnyBuffer W, ffi::AnyBuffer b, ffi::AnyBuffer h0,
                           ffi::AnyBuffer mask, ffi::AnyBuffer seq_lengths, ffi::AnyBuffer dx,
                           ffi::AnyBuffer dR,
                           ffi::AnyBuffer dW, ffi::AnyBuffer db, ffi::AnyBuffer dh0,
-                          CheckedDims* out);
+                          CheckedDims* out, bool with_recurrent_weight_gradient = true);
 
 }  // namespace sgrnn
 

@@ -104,31 +104,26 @@ void Run(const Case& k, std::mt19937& rng) {
   DeviceArray<int32_t> lengths(lengths_host);
   DeviceArray<T> y(std::vector<T>(state, nan)), z(std::vector<T>(state, nan));
 
-  const auto forward_plan = PlanRecurrence(k.H, k.N, D, sizeof(T), false, sms, shared);
-  if (!forward_plan) return;  // sizes the lowering gives to the decomposition
+  const auto plan = PlanRecurrence(k.H, k.N, D, sizeof(T), sms, shared);  // both kernels'
+  if (!plan) return;  // sizes the lowering gives to the decomposition
   const ForwardArgs<T> fa{x.data, R.data, k.h0 ? h0.data : nullptr,
                           k.mask ? MaskView<T>(mask.data, k.T, k.N, DH) : MaskView<T>(),
                           k.lengths ? lengths.data : nullptr, y.data, z.data};
-  if (!Ok(LaunchForward<T>(c, d, *forward_plan, fa, nullptr), name + ": forward launch") ||
+  if (!Ok(LaunchForward<T>(c, d, *plan, fa, nullptr), name + ": forward launch") ||
       !Ok(cudaDeviceSynchronize(), name + ": forward run")) {
     return;
   }
   CheckWritten(y, name + ": y");
   CheckWritten(z, name + ": z");
 
-  const auto gradient_plan = PlanRecurrence(k.H, k.N, D, sizeof(T), true, sms, shared);
-  if (!gradient_plan) return;  // sizes the lowering gives to the decomposition
   DeviceArray<T> dy(Random<T>(state, rng)), dx(std::vector<T>(state, nan));
-  DeviceArray<T> dR(std::vector<T>(D * k.H * k.H, nan)), dh0(std::vector<T>(k.N * DH, nan));
-  DeviceArray<T> partial(std::vector<T>(PartialBytes(*gradient_plan, d, sizeof(T)) / sizeof(T)));
-  const GradientArgs<T> ga{R.data, dy.data, z.data, k.h0 ? h0.data : nullptr,
-                           fa.mask, fa.seq_lengths, dx.data, dR.data, dh0.data, partial.data};
-  if (!Ok(LaunchGradients<T>(c, d, *gradient_plan, ga, nullptr), name + ": gradients launch") ||
+  DeviceArray<T> dh0(std::vector<T>(k.N * DH, nan));
+  const GradientArgs<T> ga{R.data, dy.data, z.data, fa.mask, fa.seq_lengths, dx.data, dh0.data};
+  if (!Ok(LaunchGradients<T>(c, d, *plan, ga, nullptr), name + ": gradients launch") ||
       !Ok(cudaDeviceSynchronize(), name + ": gradients run")) {
     return;
   }
   CheckWritten(dx, name + ": dz");
-  CheckWritten(dR, name + ": dR");
   CheckWritten(dh0, name + ": dh0");
 }
 
