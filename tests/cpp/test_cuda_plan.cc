@@ -50,7 +50,9 @@ void BlockShapesCoverEveryUnit() {
 
 // Which sizes stay on chip: float32 to 512, none beyond.
 void OnChipLimits() {
-  for (int64_t H : {1, 64, 128, 256, 512}) Check(BlockShape(H, 4).has_value(), Case(H, 4) + " fits");
+  for (int64_t H : {1, 64, 128, 256, 512}) {
+    Check(BlockShape(H, 4).has_value(), Case(H, 4) + " fits");
+  }
   Check(!BlockShape(513, 4), "H=513 does not fit");
   Check(!BlockShape(1024, 4) && !BlockShape(0, 4), "H=1024 and H=0 do not fit");
   Check(BlockShape(128, 4)->cluster == 1, "H=128: one block");
