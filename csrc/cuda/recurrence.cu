@@ -209,22 +209,17 @@ struct alignas(16) Vector16 {
 };
 
 // acc[g][q] = sum_i rows[g][i] w[q][i] over this thread's slice, for kGroup rows and the
-// tile's kTile units at once. One row of one unit splits its sum into 4 or 8 chains so that
-// FMA latency does not serialise it.
+// tile's kTile units at once: kGroup * kTile independent chains, enough that FMA latency does
+// not serialise them.
 template <typename T, int kSlice, int kGroup, int kTile>
 __device__ __forceinline__ void SliceProducts(const T* const (&rows)[kGroup],
                                               const T (&w)[kTile][kSlice],
                                               T (&acc)[kGroup][kTile]) {
   constexpr int kVec = 16 / sizeof(T);
-  constexpr int kChains = kGroup * kTile == 1 ? (kSlice >= 64 ? 8 : 4) : 1;
-  T part[kGroup][kTile][kChains];
 #pragma unroll
   for (int g = 0; g < kGroup; ++g) {
 #pragma unroll
-    for (int q = 0; q < kTile; ++q) {
-#pragma unroll
-      for (int c = 0; c < kChains; ++c) part[g][q][c] = T(0);
-    }
+    for (int q = 0; q < kTile; ++q) acc[g][q] = T(0);
   }
 #pragma unroll
   for (int v = 0; v < kSlice / kVec; ++v) {
@@ -233,19 +228,9 @@ __device__ __forceinline__ void SliceProducts(const T* const (&rows)[kGroup],
       const Vector16<T> h = reinterpret_cast<const Vector16<T>*>(rows[g])[v];
 #pragma unroll
       for (int e = 0; e < kVec; ++e) {
-        const int i = v * kVec + e;
 #pragma unroll
-        for (int q = 0; q < kTile; ++q) part[g][q][i % kChains] += h.v[e] * w[q][i];
+        for (int q = 0; q < kTile; ++q) acc[g][q] += h.v[e] * w[q][v * kVec + e];
       }
-    }
-  }
-#pragma unroll
-  for (int g = 0; g < kGroup; ++g) {
-#pragma unroll
-    for (int q = 0; q < kTile; ++q) {
-      acc[g][q] = part[g][q][0];
-#pragma unroll
-      for (int c = 1; c < kChains; ++c) acc[g][q] += part[g][q][c];
     }
   }
 }
