@@ -163,20 +163,31 @@ def reference(source, recurrent_weight, input_weight=None, bias=None, init_state
     return y.astype(dtype), out.astype(dtype)
 
 
+def _direction_weight_gradient(activation: Activation, dz, z, h0, mask, valid):
+    """One direction's dR ``[H, H]`` from its dz and z in processing order: the sum over steps
+    k of ``dz_k^T (h_{k-1} m_k)``, one product over all steps and rows (padded steps add
+    nothing, whatever z holds there)."""
+    hm = jnp.concatenate([h0[None], activate(activation, z)])[:z.shape[0]]
+    if mask is not None:
+        hm = hm * mask
+    if valid is not None:
+        hm = jnp.where(valid, hm, 0)
+    return jnp.einsum("tnh,tnk->hk", dz, hm, precision=_HIGHEST)
+
+
 def recurrent_weight_gradient(d_source, z_state, init_state, mask, seq_lengths,
                               descriptor: SingleGateRNNDescriptor):
-    """dR ``[D, H, H]``: the sum over steps k of ``dz_k^T (h_{k-1} m_k)`` per direction, one
-    product over all steps and rows (the CUDA lowering's too, after its kernel returns dz).
+    """dR ``[D, H, H]`` from the op's own layouts (the CUDA lowering's, after its kernel
+    returns dz).
 
     ``d_source`` is dz, the gradient of the projected source, in source time ``[T, N, D*H]``;
     ``z_state`` the forward's z as the op returns it; ``init_state`` ``[N, D*H]`` (zeros when
-    absent), ``mask`` ``[T, N, D*H]`` or None, ``seq_lengths`` int32 ``[N]`` or None (padded
-    steps add nothing, whatever z holds there).
+    absent), ``mask`` ``[T, N, D*H]`` or None, ``seq_lengths`` int32 ``[N]`` or None.
     """
-    T, _, DH = z_state.shape
-    dims = Dims(T=T, N=z_state.shape[1], I=DH, H=DH // descriptor.directions,
-                D=descriptor.directions)
+    T, N, DH = z_state.shape
+    dims = Dims(T=T, N=N, I=DH, H=DH // descriptor.directions, D=descriptor.directions)
     valid = None if seq_lengths is None else valid_steps(seq_lengths, T)
+    masks = [None] * dims.D if mask is None else _halves(mask, dims)
     dRs = []
     for d, (dz_d, z_d, h0_d) in enumerate(zip(_halves(d_source, dims), _halves(z_state, dims),
                                               _halves(init_state, dims))):
@@ -185,12 +196,8 @@ def recurrent_weight_gradient(d_source, z_state, init_state, mask, seq_lengths,
             dz_d = flip_rows(dz_d, seq_lengths)
         if store_flipped:
             z_d = flip_rows(z_d, seq_lengths)
-        hm = jnp.concatenate([h0_d[None], activate(descriptor.activation, z_d)])[:T]
-        if mask is not None:
-            hm = hm * _halves(mask, dims)[d]
-        if valid is not None:
-            hm = jnp.where(valid, hm, 0)
-        dRs.append(jnp.einsum("tnh,tnk->hk", dz_d, hm, precision=_HIGHEST))
+        dRs.append(_direction_weight_gradient(descriptor.activation, dz_d, z_d, h0_d, masks[d],
+                                              valid))
     return jnp.stack(dRs)
 
 
@@ -214,7 +221,7 @@ def reference_gradients(source, recurrent_weight, source_gradient, z_state, inpu
     x, g, z = cast(source), cast(source_gradient), cast(z_state)
     valid = None if lengths is None else valid_steps(lengths, dims.T)
 
-    dxps, dh0s = [], []
+    dxps, dRs, dh0s = [], [], []
     for d, (g_d, z_d, h0_d) in enumerate(zip(_halves(g, dims), _halves(z, dims),
                                              _halves(h0, dims))):
         read_reversed, store_flipped = direction_layout(desc, d)
@@ -239,11 +246,11 @@ def reference_gradients(source, recurrent_weight, source_gradient, z_state, inpu
         if valid is not None:
             inputs["valid"] = valid
         dh0_d, dz = lax.scan(step, jnp.zeros_like(h0_d), inputs, reverse=True, unroll=unroll)
+        dRs.append(_direction_weight_gradient(desc.activation, dz, z_d, h0_d, m_d, valid))
         dxps.append(flip_rows(dz, lengths) if read_reversed else dz)  # to source time
         dh0s.append(dh0_d)
     dxp = dxps[0] if dims.D == 1 else jnp.concatenate(dxps, axis=-1)
-    dR = recurrent_weight_gradient(dxp, z, h0, m, lengths, desc)
-    dR = dR if desc.bidirectional else dR[0]
+    dR = jnp.stack(dRs) if desc.bidirectional else dRs[0]
     if input_weight is None:
         grads = [dxp, dR]
     else:
