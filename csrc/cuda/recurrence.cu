@@ -304,7 +304,7 @@ template <typename T>
 struct BlockMemory {
   uint64_t* signals;  // kSignalBytes: StepSignal's two mbarriers
   T* exchange;  // two buffers of Geometry::exchange elements: step i reads buffer i & 1
-  T* state;     // [rows][units]: the forward owners' h
+  T* state;     // [rows][units]: per owner and row, the forward's h, the backward's next z
   int32_t* length;  // [rows]: each row's valid steps
   int exchange_elements, units;
 
@@ -418,6 +418,10 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
 // dz_{k-1} = (dy_{k-1} + carry) act'(z_{k-1}) (zero at a padded step), stored in source time,
 // is what step k - 1 reads. Step 0's carry is dh0. dR is not formed here: it is one product
 // over all steps, XLA's (jax_sgrnn/_lowering.py).
+//
+// act'(z_{k-1}) does not depend on the carry, so the owners compute it before the products,
+// which hide it, from z_{k-1} read a step ahead into the block's state; computed after the sums
+// it lay on the sequential path of every step.
 template <typename T, Activation A, int kGroup, bool kWide, bool kPlain>
 __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
     BackwardKernel(Config c, Geometry g, GradientArgs<T> a) {
@@ -426,14 +430,21 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
   const Place<kSlice, kTile> p(g);
   const BlockMemory<T> mem(g, p, a.seq_lengths);
   const DirectionLayout layout = LayoutOf(c, p.direction);
-  const int step = g.StepStride();
+  const int step = g.StepStride(), u = p.unit_in_block;
   const auto length_of = [&](int b) { return kPlain ? g.T : static_cast<int>(mem.length[b]); };
   const bool masked = !kPlain && a.mask.data != nullptr;
   T w[kTile][kSlice];  // columns j of R
   LoadSlice(w, a.R, p, g, true);
-  // dz at row b of a step with times t, from its dy and z and the carry from the step after.
-  const auto store_dz = [&](int b, const StepTimes& t, T dy, T z, T carry) {
-    const T dz = t.valid ? (dy + carry) * ActivateGrad<A>(z, Activate<A>(z)) : T(0);
+  const auto derivative = [](T z) { return ActivateGrad<A>(z, Activate<A>(z)); };
+  // z at step k of row b, zero for k < 0 and at padded steps.
+  const auto z_at = [&](int b, int k) {
+    if (k < 0) return T(0);
+    const StepTimes t = TimesOf(layout, k, length_of(b));
+    return t.valid ? a.z[t.slot * step + p.Offset(b)] : T(0);
+  };
+  // Stores dz of row b at a step with times t (zero at a padded step) and returns it.
+  const auto store_dz = [&](int b, const StepTimes& t, T dz) {
+    dz = t.valid ? dz : T(0);
     a.d_source[t.in_time * step + p.Offset(b)] = dz;
     return dz;
   };
@@ -442,13 +453,13 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
   const bool warp_has_unit = __any_sync(0xffffffffu, p.has_unit);
   ClusterBarrier(g.cluster);  // zeroed buffers and set-up mbarriers, as in the forward
 
-  if (p.owner) {  // dz_{T-1}
+  if (p.owner) {  // dz_{T-1}, and z_{T-2} for the first step
     for (int b = 0; b < p.rows; ++b) {
       const StepTimes t = TimesOf(layout, g.T - 1, length_of(b));
       const int at = t.slot * step + p.Offset(b);
-      Broadcast(mem.Exchange(0), p.ExchangeIndex(b),
-                store_dz(b, t, t.valid ? a.dy[at] : T(0), t.valid ? a.z[at] : T(0), T(0)),
-                g.cluster);
+      const T dz = t.valid ? a.dy[at] * derivative(a.z[at]) : T(0);
+      Broadcast(mem.Exchange(0), p.ExchangeIndex(b), store_dz(b, t, dz), g.cluster);
+      mem.State(b, u) = z_at(b, g.T - 2);
     }
   }
   ClusterBarrier(g.cluster);
@@ -458,24 +469,28 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
     signal.Begin(i, g.T);
     const T* current = mem.Exchange(i) + p.read_offset;
     for (int b0 = 0; warp_has_unit && b0 < p.rows; b0 += kGroup) {
-      // Step k's mask, and dy and z of step k - 1, read before the products as in the forward.
+      // Step k's mask, dy_{k-1}, act'(z_{k-1}) and z_{k-2}, before the products.
       const T* rows[kGroup];
-      T mask[kGroup], dy[kGroup], z[kGroup];
+      T mask[kGroup], dy[kGroup], z[kGroup], z_ahead[kGroup], slope[kGroup];
       StepTimes prev[kGroup];
       bool valid[kGroup];
 #pragma unroll
       for (int r = 0; r < kGroup; ++r) {
         const int b = min(b0 + r, p.rows - 1);
         rows[r] = current + b * p.exchange_row;
+        z[r] = T(0);
         if (!p.owner) continue;
         const int length = length_of(b);
         valid[r] = k < length;
         mask[r] = masked ? *MaskPointer(a.mask, k, p.row0 + b, p.column) : T(1);
         prev[r] = TimesOf(layout, k > 0 ? k - 1 : 0, length);
-        const int at = prev[r].slot * step + p.Offset(b);
-        dy[r] = k > 0 && prev[r].valid ? a.dy[at] : T(0);
-        z[r] = k > 0 && prev[r].valid ? a.z[at] : T(0);
+        dy[r] = k > 0 && prev[r].valid ? a.dy[prev[r].slot * step + p.Offset(b)] : T(0);
+        z[r] = mem.State(b, u);
+        z_ahead[r] = z_at(b, k - 2);
       }
+      // Outside the owners' branch, so that the scheduler can interleave it with the products.
+#pragma unroll
+      for (int r = 0; r < kGroup; ++r) slope[r] = derivative(z[r]);
       T products[kGroup][kTile], acc[kGroup];
       SliceProducts(rows, w, products);
 #pragma unroll
@@ -488,7 +503,8 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
         const T carry = valid[r] ? acc[r] * mask[r] : T(0);
         if (k > 0) {
           signal.Send(mem.Exchange(i + 1), p.ExchangeIndex(b),
-                      store_dz(b, prev[r], dy[r], z[r], carry), i);
+                      store_dz(b, prev[r], (dy[r] + carry) * slope[r]), i);
+          mem.State(b, u) = z_ahead[r];
         } else if (a.dh0) {
           a.dh0[p.Offset(b)] = carry;
         }

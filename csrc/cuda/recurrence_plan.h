@@ -64,7 +64,8 @@ struct RecurrencePlan {
 inline constexpr int64_t kSignalBytes = 16;
 
 // Shared memory per batch row of a block: two exchange buffers (double-buffered steps), per
-// unit the forward owner's h (kept over a row's padded steps), and the row's length (int32).
+// unit a value its owner carries from step to step (the forward's h, kept over a row's padded
+// steps; the backward's z of the next step), and the row's length (int32).
 inline int64_t SharedBytesPerRow(const RecurrencePlan& plan, int64_t element_bytes) {
   return element_bytes * (2 * plan.slices * (plan.slice + SlicePadding(element_bytes)) +
                           plan.units) +
