@@ -83,7 +83,8 @@ void TimeShape(int64_t T, int64_t N, int64_t H, std::mt19937& rng) {
   CHECK(cudaGetDevice(&device));
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   CHECK(cudaDeviceGetAttribute(&shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  const auto plan = PlanRecurrence(H, N, D, sizeof(float), sms, shared);  // both kernels'
+  const auto plan = PlanRecurrence(Pass::kForward, H, N, D, sizeof(float), sms, shared);
+  const auto backward_plan = PlanRecurrence(Pass::kBackward, H, N, D, sizeof(float), sms, shared);
 
   float* source = DeviceRandom(state, rng, 1.0f);
   float* R = DeviceRandom(H * H, rng, 1.0f / std::sqrt(static_cast<float>(H)));
@@ -97,7 +98,7 @@ void TimeShape(int64_t T, int64_t N, int64_t H, std::mt19937& rng) {
 
   std::printf("T=%lld N=%lld H=%lld", static_cast<long long>(T), static_cast<long long>(N),
               static_cast<long long>(H));
-  if (plan) {
+  if (plan && backward_plan) {
     const ForwardArgs<float> fa{source, R, h0, MaskView<float>(), nullptr, y, z};
     const auto launch = [&] { return LaunchForward<float>(c, d, *plan, fa, nullptr); };
     const double us = MedianMicroseconds(launch);
@@ -111,7 +112,7 @@ void TimeShape(int64_t T, int64_t N, int64_t H, std::mt19937& rng) {
       CHECK(cudaGetDevice(&device));
       CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
       CHECK(cudaDeviceGetAttribute(&shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-      const auto planned = PlanRecurrence(H, N, D, sizeof(float), sms, shared);
+      const auto planned = PlanRecurrence(Pass::kForward, H, N, D, sizeof(float), sms, shared);
       CHECK(LaunchForward<float>(c, d, *planned, fa, nullptr));
     }
     const double host_us = std::chrono::duration<double, std::micro>(
@@ -119,9 +120,11 @@ void TimeShape(int64_t T, int64_t N, int64_t H, std::mt19937& rng) {
     CHECK(cudaDeviceSynchronize());
     std::printf(" host %.1f us", host_us);
     const GradientArgs<float> ga{R, dy, z, MaskView<float>(), nullptr, dz, dh0};
-    const auto gradients = [&] { return LaunchGradients<float>(c, d, *plan, ga, nullptr); };
-    std::printf("  gradients %8.1f us, waited %8.1f", MedianMicroseconds(gradients),
-                MedianMicroseconds(gradients, kIdle));
+    const auto gradients = [&] {
+      return LaunchGradients<float>(c, d, *backward_plan, ga, nullptr);
+    };
+    std::printf("  gradients %8.1f us, waited %8.1f (%s)", MedianMicroseconds(gradients),
+                MedianMicroseconds(gradients, kIdle), backward_plan->wide ? "wide" : "narrow");
   }
   std::printf("\n");
   for (float* p : {source, R, h0, dy, y, z, dz, dh0}) CHECK(cudaFree(p));

@@ -42,7 +42,7 @@ ffi::Error CheckRecurrenceOnly(const Config& c) {
 }
 
 // The plan for these sizes on the current device, or an error saying why there is none.
-ffi::Error PlanFor(const Dims& d, int64_t element_bytes, RecurrencePlan* out) {
+ffi::Error PlanFor(Pass pass, const Dims& d, int64_t element_bytes, RecurrencePlan* out) {
   int device = 0, multiprocessors = 0, shared = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err == cudaSuccess) {
@@ -59,7 +59,7 @@ ffi::Error PlanFor(const Dims& d, int64_t element_bytes, RecurrencePlan* out) {
                           " does not fit (the lowering uses the lax.scan decomposition for it)");
   }
   const std::optional<RecurrencePlan> plan =
-      PlanRecurrence(d.H, d.N, d.D, element_bytes, multiprocessors, shared);
+      PlanRecurrence(pass, d.H, d.N, d.D, element_bytes, multiprocessors, shared);
   if (!plan) {
     return ffi::Error(ffi::ErrorCode::kInvalidArgument,
                       "jax_sgrnn: hidden size " + std::to_string(d.H) +
@@ -82,7 +82,7 @@ ffi::Error ForwardImpl(ffi::AnyBuffer x, ffi::AnyBuffer R, ffi::AnyBuffer W, ffi
   ffi::Error result = ffi::Error::Success();
   status = DispatchFloat<kF32, kF64>(x.element_type(), "CUDA", [&]<typename T>() {
     RecurrencePlan plan;
-    if (result = PlanFor(d, sizeof(T), &plan); result.failure()) return;
+    if (result = PlanFor(Pass::kForward, d, sizeof(T), &plan); result.failure()) return;
     const int64_t* ms = checked.mask_shape;
     const ForwardArgs<T> args{
         .source = DataOrNull<T>(true, x),
@@ -118,7 +118,7 @@ ffi::Error GradientsImpl(ffi::AnyBuffer x, ffi::AnyBuffer R, ffi::AnyBuffer dy, 
   ffi::Error result = ffi::Error::Success();
   status = DispatchFloat<kF32, kF64>(x.element_type(), "CUDA", [&]<typename T>() {
     RecurrencePlan plan;
-    if (result = PlanFor(d, sizeof(T), &plan); result.failure()) return;
+    if (result = PlanFor(Pass::kBackward, d, sizeof(T), &plan); result.failure()) return;
     const int64_t* ms = checked.mask_shape;
     for (int64_t g = 0; g < checked.G; ++g) {
       const GroupOffsets o = checked.Group(g);

@@ -10,8 +10,8 @@
 // every block of the cluster (StepSignal: a block barrier ends the step, or in a cluster each
 // block waits on an mbarrier for its rows' values). Two buffers alternate, so that no block
 // overwrites what another is still reading. The owners read a step's operands from global
-// memory before its products. Hidden sizes that one block holds whole run "wide" blocks with
-// twice the slice per thread (recurrence_plan.h).
+// memory before its products. In the forward, hidden sizes that one block holds whole run
+// "wide" blocks with twice the slice per thread (recurrence_plan.h, Pass).
 #include <cooperative_groups.h>
 
 #include <algorithm>
@@ -579,7 +579,8 @@ cudaError_t DispatchActivationOf(Activation activation, F&& f) {
   return err;
 }
 
-// Launches the forward kernel (ForwardArgs) or the backward kernel (GradientArgs) under `plan`.
+// Launches the forward kernel (ForwardArgs) or the backward kernel (GradientArgs) under `plan`,
+// which must be PlanRecurrence's for that pass.
 template <typename T, typename Args>
 cudaError_t LaunchRecurrence(const Config& c, const Dims& d, const RecurrencePlan& plan,
                              const Args& args, cudaStream_t stream) {
@@ -588,7 +589,9 @@ cudaError_t LaunchRecurrence(const Config& c, const Dims& d, const RecurrencePla
   return DispatchActivationOf(c.activation, [&]<Activation A>() {
     return DispatchShape(plan, [&]<int kGroup, bool kWide>() {
       return DispatchPlain(!args.mask.data && !args.seq_lengths, [&]<bool kPlain>() {
-        if constexpr (kBackward) {
+        if constexpr (kBackward && kWide) {
+          return cudaErrorInvalidConfiguration;  // no backward plan is wide
+        } else if constexpr (kBackward) {
           return Launch(BackwardKernel<T, A, kGroup, kWide, kPlain>, plan, d.D, stream, c,
                         geometry, args);
         } else {

@@ -7,7 +7,8 @@
 // `slices` threads share a tile's units, and the `cluster` blocks of a cluster split the H
 // units between them. Per step a cluster exchanges the new state through (distributed) shared
 // memory and meets at one barrier. The forward and the backward recurrence have the same
-// shape of work (the backward's dR is one product after it, XLA's), so they share one plan.
+// shape of work (the backward's dR is one product after it, XLA's), so their plans differ only
+// where measured speeds did: wide blocks are the forward's alone (Pass).
 #ifndef JAX_SGRNN_CUDA_RECURRENCE_PLAN_H_
 #define JAX_SGRNN_CUDA_RECURRENCE_PLAN_H_
 
@@ -25,17 +26,22 @@ namespace sgrnn::cuda {
 inline constexpr int64_t kUnitsPerThread = 4;
 
 // Entries of R each thread keeps in registers: 256 bytes (64 floats). With __launch_bounds__
-// of kMaxThreads each thread may use 128 registers, which these fit. Wide blocks (at most
-// kWideThreads threads, so up to 255 registers each) keep twice as many: for hidden sizes that
-// one such block holds whole, fewer threads do the same products, with fewer warp shuffles and
-// the per-unit step work spread over fewer warps. The slice is what a thread holds of each of
-// its units: those entries over kUnitsPerThread.
+// of kMaxThreads each thread may use 128 registers, which these fit. Wide blocks (the
+// forward's; at most kWideThreads threads, so up to 255 registers each) keep twice as many: for
+// hidden sizes that one such block holds whole, fewer threads do the same products, with fewer
+// warp shuffles and the per-unit step work spread over fewer warps. The slice is what a thread
+// holds of each of its units: those entries over kUnitsPerThread.
 inline constexpr int64_t SliceLength(int64_t element_bytes, bool wide) {
   return 256 * (wide ? 2 : 1) / element_bytes / kUnitsPerThread;
 }
 // Padding after each slice in the exchange buffer (one 16-byte vector), so that the S slices
 // that one warp reads at once sit in different shared-memory banks.
 inline constexpr int64_t SlicePadding(int64_t element_bytes) { return 16 / element_bytes; }
+
+// Which kernel a plan is for. Wide blocks ran the forward faster and the backward slower than
+// narrow ones at H = 128 on an H200 (docs/performance.md, "Seventh pass": forward 418 against
+// 460 us, backward 600 against 554 at (1000,8,128)), so only the forward uses them.
+enum class Pass { kForward, kBackward };
 
 inline constexpr int64_t kMaxThreads = 512;
 inline constexpr int64_t kWideThreads = 256;
@@ -84,14 +90,14 @@ inline int64_t SlicesFor(int64_t H, int64_t slice) {
 // The block shape (everything but rows, clusters and shared_bytes) for hidden size H, or
 // nothing when R does not fit on chip at this size. Independent of the batch and the device,
 // so the lowering can ask it (jax_sgrnn/_backends.py) before any GPU is seen.
-inline std::optional<RecurrencePlan> BlockShape(int64_t H, int64_t element_bytes) {
+inline std::optional<RecurrencePlan> BlockShape(int64_t H, int64_t element_bytes, Pass pass) {
   if (H < 1) return std::nullopt;
   const auto threads_for = [](int64_t units, int64_t slices) {
     return ((units + kUnitsPerThread - 1) / kUnitsPerThread * slices + 31) / 32 * 32;
   };
   const int64_t wide_slice = SliceLength(element_bytes, true);
   const int64_t wide_slices = SlicesFor(H, wide_slice);
-  if (threads_for(H, wide_slices) <= kWideThreads) {
+  if (pass == Pass::kForward && threads_for(H, wide_slices) <= kWideThreads) {
     return RecurrencePlan{wide_slice, wide_slices, 1, H, threads_for(H, wide_slices), 0, 0, 0,
                           true};
   }
@@ -111,11 +117,11 @@ inline std::optional<RecurrencePlan> BlockShape(int64_t H, int64_t element_bytes
 // The full plan for N rows and D directions on a device with `multiprocessors` SMs and
 // `max_shared_bytes` of shared memory per block: as few rows per cluster as fill the device in
 // one wave, and no more than fit in shared memory (further clusters then run in later waves).
-inline std::optional<RecurrencePlan> PlanRecurrence(int64_t H, int64_t N, int64_t D,
+inline std::optional<RecurrencePlan> PlanRecurrence(Pass pass, int64_t H, int64_t N, int64_t D,
                                                     int64_t element_bytes,
                                                     int64_t multiprocessors,
                                                     int64_t max_shared_bytes) {
-  std::optional<RecurrencePlan> plan = BlockShape(H, element_bytes);
+  std::optional<RecurrencePlan> plan = BlockShape(H, element_bytes, pass);
   if (!plan || N < 1) return plan;
   // The fewest rows per cluster whose clusters, whole, fit the device in one wave.
   const int64_t blocks_per_cluster = plan->cluster * D;
@@ -143,15 +149,18 @@ inline bool IndexesFit(int64_t T, int64_t N, int64_t D, int64_t H) {
 // owns a few rows; at 16 rows the forward still ran (50,1024,256,256) in 0.43 ms against the
 // decomposition's 1.3 ms, and 32 rows were not compared. The lowering decides before any GPU
 // is seen, so the rows per cluster are counted for a GPU of kTypicalMultiprocessors SMs (H100,
-// H200).
+// H200). Both passes' plans must qualify, since one decision covers the op and its gradient.
 inline constexpr int64_t kMaxRowsPerCluster = 16;
 inline constexpr int64_t kTypicalMultiprocessors = 132;
 
 inline bool PreferOnChip(int64_t T, int64_t H, int64_t N, int64_t D, int64_t element_bytes) {
-  const std::optional<RecurrencePlan> plan =
-      PlanRecurrence(H, N, D, element_bytes, kTypicalMultiprocessors,
-                     std::numeric_limits<int64_t>::max());
-  return IndexesFit(T, N, D, H) && plan && plan->rows <= kMaxRowsPerCluster;
+  const auto qualifies = [&](Pass pass) {
+    const std::optional<RecurrencePlan> plan =
+        PlanRecurrence(pass, H, N, D, element_bytes, kTypicalMultiprocessors,
+                       std::numeric_limits<int64_t>::max());
+    return plan && plan->rows <= kMaxRowsPerCluster;
+  };
+  return IndexesFit(T, N, D, H) && qualifies(Pass::kForward) && qualifies(Pass::kBackward);
 }
 
 }  // namespace sgrnn::cuda

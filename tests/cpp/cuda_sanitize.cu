@@ -104,8 +104,9 @@ void Run(const Case& k, std::mt19937& rng) {
   DeviceArray<int32_t> lengths(lengths_host);
   DeviceArray<T> y(std::vector<T>(state, nan)), z(std::vector<T>(state, nan));
 
-  const auto plan = PlanRecurrence(k.H, k.N, D, sizeof(T), sms, shared);  // both kernels'
-  if (!plan) return;  // sizes the lowering gives to the decomposition
+  const auto plan = PlanRecurrence(Pass::kForward, k.H, k.N, D, sizeof(T), sms, shared);
+  const auto backward_plan = PlanRecurrence(Pass::kBackward, k.H, k.N, D, sizeof(T), sms, shared);
+  if (!plan || !backward_plan) return;  // sizes the lowering gives to the decomposition
   const ForwardArgs<T> fa{x.data, R.data, k.h0 ? h0.data : nullptr,
                           k.mask ? MaskView<T>(mask.data, k.T, k.N, DH) : MaskView<T>(),
                           k.lengths ? lengths.data : nullptr, y.data, z.data};
@@ -119,7 +120,7 @@ void Run(const Case& k, std::mt19937& rng) {
   DeviceArray<T> dy(Random<T>(state, rng)), dx(std::vector<T>(state, nan));
   DeviceArray<T> dh0(std::vector<T>(k.N * DH, nan));
   const GradientArgs<T> ga{R.data, dy.data, z.data, fa.mask, fa.seq_lengths, dx.data, dh0.data};
-  if (!Ok(LaunchGradients<T>(c, d, *plan, ga, nullptr), name + ": gradients launch") ||
+  if (!Ok(LaunchGradients<T>(c, d, *backward_plan, ga, nullptr), name + ": gradients launch") ||
       !Ok(cudaDeviceSynchronize(), name + ": gradients run")) {
     return;
   }

@@ -20,48 +20,62 @@ std::string Case(int64_t H, int64_t bytes) {
   return "H=" + std::to_string(H) + " bytes=" + std::to_string(bytes);
 }
 
+constexpr Pass kPasses[] = {Pass::kForward, Pass::kBackward};
+
+std::string Named(Pass pass) { return pass == Pass::kForward ? " forward" : " backward"; }
+
 // Every block shape covers all H units, with each unit's slices summing over all of R's row
-// and at least one slice per unit of a tile, whole warps, and within the kernels' limits.
+// and at least one slice per unit of a tile, whole warps, and within the kernels' limits. Both
+// passes fit at the same sizes (one lowering decision covers both), and only the forward's
+// blocks are wide.
 void BlockShapesCoverEveryUnit() {
   constexpr int64_t tile = kUnitsPerThread;
   for (int64_t bytes : {4, 8}) {
     for (int64_t H = 1; H <= 1100; ++H) {
-      const std::optional<RecurrencePlan> p = BlockShape(H, bytes);
-      const std::string what = Case(H, bytes);
-      if (!p) continue;
-      Check(p->slice == SliceLength(bytes, p->wide), what + ": slice");
-      Check(p->slice * tile * bytes == 256 * (p->wide ? 2 : 1), what + ": bytes of R per thread");
-      Check(!p->wide || (p->cluster == 1 && p->units == H && p->slices <= 2 * tile),
-            what + ": a wide block holds every unit");
-      Check(p->slices * p->slice >= H && p->slices >= tile &&
-                (p->slices == tile || (p->slices / 2) * p->slice < H),
-            what + ": fewest slices covering a row, at least one per unit of a tile");
-      Check(p->slices <= 32 && (p->slices & (p->slices - 1)) == 0, what + ": slices");
-      Check(p->cluster >= 1 && p->cluster <= kMaxCluster, what + ": cluster size");
-      Check(p->units * p->cluster >= H && (p->units - 1) * p->cluster < H, what + ": units");
-      const int64_t tiles = (p->units + tile - 1) / tile;
-      Check(p->threads % 32 == 0 && p->threads >= tiles * p->slices &&
-                p->threads <= (p->wide ? kWideThreads : kMaxThreads),
-            what + ": threads");
-      Check(p->threads - tiles * p->slices < 32, what + ": at most one partial warp");
+      Check(BlockShape(H, bytes, Pass::kForward).has_value() ==
+                BlockShape(H, bytes, Pass::kBackward).has_value(),
+            Case(H, bytes) + ": both passes fit, or neither");
+      for (Pass pass : kPasses) {
+        const std::optional<RecurrencePlan> p = BlockShape(H, bytes, pass);
+        const std::string what = Case(H, bytes) + Named(pass);
+        if (!p) continue;
+        Check(pass == Pass::kForward || !p->wide, what + ": only the forward's blocks are wide");
+        Check(p->slice == SliceLength(bytes, p->wide), what + ": slice");
+        Check(p->slice * tile * bytes == 256 * (p->wide ? 2 : 1), what + ": bytes of R per thread");
+        Check(!p->wide || (p->cluster == 1 && p->units == H && p->slices <= 2 * tile),
+              what + ": a wide block holds every unit");
+        Check(p->slices * p->slice >= H && p->slices >= tile &&
+                  (p->slices == tile || (p->slices / 2) * p->slice < H),
+              what + ": fewest slices covering a row, at least one per unit of a tile");
+        Check(p->slices <= 32 && (p->slices & (p->slices - 1)) == 0, what + ": slices");
+        Check(p->cluster >= 1 && p->cluster <= kMaxCluster, what + ": cluster size");
+        Check(p->units * p->cluster >= H && (p->units - 1) * p->cluster < H, what + ": units");
+        const int64_t tiles = (p->units + tile - 1) / tile;
+        Check(p->threads % 32 == 0 && p->threads >= tiles * p->slices &&
+                  p->threads <= (p->wide ? kWideThreads : kMaxThreads),
+              what + ": threads");
+        Check(p->threads - tiles * p->slices < 32, what + ": at most one partial warp");
+      }
     }
   }
 }
 
 // Which sizes stay on chip: float32 to 512, none beyond.
 void OnChipLimits() {
-  for (int64_t H : {1, 64, 128, 256, 512}) {
-    Check(BlockShape(H, 4).has_value(), Case(H, 4) + " fits");
-  }
-  Check(!BlockShape(513, 4), "H=513 does not fit");
-  Check(!BlockShape(1024, 4) && !BlockShape(0, 4), "H=1024 and H=0 do not fit");
-  Check(BlockShape(128, 4)->cluster == 1, "H=128: one block");
-  Check(BlockShape(128, 4)->wide && BlockShape(128, 4)->slices == 4 &&
-            BlockShape(128, 4)->threads == 128,
-        "H=128: a wide block, four threads per tile of four units");
-  Check(!BlockShape(129, 4)->wide, "H=129: not wide");
-  Check(BlockShape(256, 4)->cluster == 2, "H=256: clusters of 2");
-  Check(BlockShape(512, 4)->cluster == 8, "H=512: clusters of 8");
+  const auto forward = [](int64_t H) { return BlockShape(H, 4, Pass::kForward); };
+  for (int64_t H : {1, 64, 128, 256, 512}) Check(forward(H).has_value(), Case(H, 4) + " fits");
+  Check(!forward(513), "H=513 does not fit");
+  Check(!forward(1024) && !forward(0), "H=1024 and H=0 do not fit");
+  Check(forward(128)->cluster == 1, "H=128: one block");
+  Check(forward(128)->wide && forward(128)->slices == 4 && forward(128)->threads == 128,
+        "H=128 forward: a wide block, four threads per tile of four units");
+  const std::optional<RecurrencePlan> backward = BlockShape(128, 4, Pass::kBackward);
+  Check(backward && backward->cluster == 1 && !backward->wide && backward->slices == 8 &&
+            backward->threads == 256,
+        "H=128 backward: one narrow block, eight threads per tile");
+  Check(!forward(129)->wide, "H=129: not wide");
+  Check(forward(256)->cluster == 2, "H=256: clusters of 2");
+  Check(forward(512)->cluster == 8, "H=512: clusters of 8");
 }
 
 // Plans give every row to exactly one cluster, fill the device in one wave where shared memory
@@ -69,10 +83,11 @@ void OnChipLimits() {
 void PlansCoverTheBatch() {
   for (int64_t N : {1, 7, 8, 33, 132, 1000, 100000}) {
     for (int64_t H : {5, 128, 256, 512}) {
-      for (int64_t D : {1, 2}) {
-        const std::string what = Case(H, 4) + " N=" + std::to_string(N) + " D=" +
-                                 std::to_string(D);
-        const std::optional<RecurrencePlan> p = PlanRecurrence(H, N, D, 4, 132, 227 * 1024);
+      for (auto [D, pass] : {std::pair{1, Pass::kForward}, std::pair{2, Pass::kForward},
+                             std::pair{1, Pass::kBackward}, std::pair{2, Pass::kBackward}}) {
+        const std::string what = Case(H, 4) + Named(pass) + " N=" + std::to_string(N) +
+                                 " D=" + std::to_string(D);
+        const std::optional<RecurrencePlan> p = PlanRecurrence(pass, H, N, D, 4, 132, 227 * 1024);
         Check(p.has_value(), what + ": planned");
         if (!p) continue;
         Check(p->rows >= 1 && p->clusters * p->rows >= N && (p->clusters - 1) * p->rows < N,
@@ -87,7 +102,9 @@ void PlansCoverTheBatch() {
       }
     }
   }
-  Check(!PlanRecurrence(64, 4, 1, 4, 132, 16).has_value(), "no room for one row");
+  for (Pass pass : kPasses) {
+    Check(!PlanRecurrence(pass, 64, 4, 1, 4, 132, 16).has_value(), "no room for one row");
+  }
 }
 
 void PreferenceFollowsRowsPerCluster() {
