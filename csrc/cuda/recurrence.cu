@@ -421,7 +421,8 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
 //
 // act'(z_{k-1}) does not depend on the carry, so the owners compute it before the products,
 // which hide it, from z_{k-1} read a step ahead into the block's state; computed after the sums
-// it lay on the sequential path of every step.
+// it lay on the sequential path of every step (2-5% of the kernel at H >= 256, docs/
+// performance.md, "Seventh pass").
 template <typename T, Activation A, int kGroup, bool kWide, bool kPlain>
 __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
     BackwardKernel(Config c, Geometry g, GradientArgs<T> a) {

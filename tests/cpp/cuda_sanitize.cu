@@ -1,10 +1,11 @@
 // A standalone driver of the CUDA recurrence kernels (csrc/cuda/recurrence.cu), for
 // compute-sanitizer (scripts/sanitize_cuda.sh), which cannot follow a Python process running
-// JAX. It runs the forward and gradient kernels over every kind of launch the plan makes (wide
-// blocks of one or two threads per unit, one block per cluster, clusters of 2, 4 and 8, one row or groups of rows, both directions, masks,
-// lengths, float and double), with outputs poisoned with NaN first, and checks that each run
-// returns no CUDA error and writes every output element with a finite value. The values
-// themselves are checked against the reference by tests/test_cuda.py.
+// JAX. It runs the forward and gradient kernels over every kind of launch their plans make
+// (the forward's wide blocks, one narrow block per cluster, clusters of 2, 4 and 8, one row or
+// groups of rows, both directions, masks, lengths, float and double), with outputs poisoned
+// with NaN first, and checks that each run returns no CUDA error and writes every output
+// element with a finite value. The values themselves are checked against the reference by
+// tests/test_cuda.py.
 #include <cuda_runtime_api.h>
 
 #include <cmath>
