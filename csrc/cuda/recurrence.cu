@@ -437,10 +437,10 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
   T w[kTile][kSlice];  // columns j of R
   LoadSlice(w, a.R, p, g, true);
   const auto derivative = [](T z) { return ActivateGrad<A>(z, Activate<A>(z)); };
-  // z at step k of row b, zero for k < 0 and at padded steps.
-  const auto z_at = [&](int b, int k) {
+  // z at step k of row b (with `length` valid steps), zero for k < 0 and at padded steps.
+  const auto z_at = [&](int b, int k, int length) {
     if (k < 0) return T(0);
-    const StepTimes t = TimesOf(layout, k, length_of(b));
+    const StepTimes t = TimesOf(layout, k, length);
     return t.valid ? a.z[t.slot * step + p.Offset(b)] : T(0);
   };
   // Stores dz of row b at a step with times t (zero at a padded step) and returns it.
@@ -456,11 +456,12 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
 
   if (p.owner) {  // dz_{T-1}, and z_{T-2} for the first step
     for (int b = 0; b < p.rows; ++b) {
-      const StepTimes t = TimesOf(layout, g.T - 1, length_of(b));
+      const int length = length_of(b);
+      const StepTimes t = TimesOf(layout, g.T - 1, length);
       const int at = t.slot * step + p.Offset(b);
       const T dz = t.valid ? a.dy[at] * derivative(a.z[at]) : T(0);
       Broadcast(mem.Exchange(0), p.ExchangeIndex(b), store_dz(b, t, dz), g.cluster);
-      mem.State(b, u) = z_at(b, g.T - 2);
+      mem.State(b, u) = z_at(b, g.T - 2, length);
     }
   }
   ClusterBarrier(g.cluster);
@@ -487,7 +488,7 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
         prev[r] = TimesOf(layout, k > 0 ? k - 1 : 0, length);
         dy[r] = k > 0 && prev[r].valid ? a.dy[prev[r].slot * step + p.Offset(b)] : T(0);
         z[r] = mem.State(b, u);
-        z_ahead[r] = z_at(b, k - 2);
+        z_ahead[r] = z_at(b, k - 2, length);
       }
       // Outside the owners' branch, so that the scheduler can interleave it with the products.
 #pragma unroll
