@@ -35,13 +35,14 @@ void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double al
 }
 
 // --------------------------------------------------------------------------------------------
-// The per-step product of the recurrence: a few rows (a band of the batch) times one
-// direction's R, every step. A general GEMM re-packs R into its panel layout on every call, and
-// OpenBLAS's AVX2 (Haswell) kernels have no unpacked small-matrix path, so with a handful of
-// rows that repacking is a large share of the step. Here R is packed once per call into
-// panels of kPanel columns (k-major), and a register-blocked kernel keeps a
+// Products of many or few rows against one small fixed matrix: the per-step product of the
+// recurrence (a band of the batch times one direction's R, every step), the input projection
+// x W^T and the input gradient dz W. A general GEMM re-packs B into its panel layout on every
+// call, and OpenBLAS's AVX2 (Haswell) kernels have no unpacked small-matrix path, so with a
+// handful of rows that repacking is a large share of the step. Here B is packed once per call
+// into panels of kPanel columns (k-major), and a register-blocked kernel keeps a
 // kRowBlock x kPanel tile of the product in vector registers while it walks k. Each finished
-// row goes to the caller's epilogue (the forward's activation) while it is in cache. Vector
+// row goes to the caller's epilogue (the activation, the bias) while it is in cache. Vector
 // width and tile follow the instruction set this file is compiled for (kernels.h).
 
 #if defined(__AVX512F__)
@@ -54,9 +55,12 @@ constexpr int kLanes = 4, kRowBlock = 4, kRegisters = 16;  // SSE2: 8 xmm accumu
 constexpr int kPanel = 2 * kLanes;
 typedef float Lanes __attribute__((vector_size(kLanes * sizeof(float))));
 
-// Bands of at most this many rows use the packed kernel; larger ones are large enough for
-// OpenBLAS to amortise its packing (measured: benchmarks/bench_cpu.py, docs/performance.md).
+// Per step, bands of at most this many rows use the packed kernel; larger ones are large
+// enough for OpenBLAS to amortise its packing (measured: docs/performance.md).
 constexpr int64_t kPackedMaxRows = 32;
+// The projection and the input gradient use it while B's panels stay in a core's L2 (on 2 MiB
+// of L2 it matched or beat single-threaded OpenBLAS up to 512 x 512 and lost at 1024 x 1024).
+constexpr int64_t kPackedMaxFloats = 512 * 512;
 
 // Panels one tile covers for a block of kRows rows: two when their accumulators, the four
 // vectors of B and a broadcast fit the registers (few rows), so that each load of A and each
@@ -64,11 +68,13 @@ constexpr int64_t kPackedMaxRows = 32;
 template <int kRows>
 constexpr int kTilePanels = 4 * kRows + 5 <= kRegisters ? 2 : 1;
 
-// Rows [0, kRows) of A (row stride lda) times kPanels adjacent packed panels (each H rows of
-// kPanel, `panel_stride` floats apart): out[r][c] = sum_k A[r,k] B[k,c].
+// Rows [0, kRows) of A (row stride lda) times kPanels adjacent packed panels (each K rows of
+// kPanel, `panel_stride` floats apart) into out (row stride ldo): out[r][c] = sum_k A[r,k]
+// B[k,c] for c < width. The accumulators go straight to out when the tile is whole (a copy
+// through a local tile cost as much as the loop at 8 rows x 64), else through a local row.
 template <int kRows, int kPanels>
 void PanelTile(const float* a, int64_t lda, const float* panel, int64_t panel_stride, int64_t K,
-               float (&out)[kRows][kPanels * kPanel]) {
+               float* out, int64_t ldo, int64_t width) {
   Lanes acc[kRows][2 * kPanels] = {};
   for (int64_t k = 0; k < K; ++k) {
     Lanes b[2 * kPanels];
@@ -82,7 +88,15 @@ void PanelTile(const float* a, int64_t lda, const float* panel, int64_t panel_st
       for (int v = 0; v < 2 * kPanels; ++v) acc[r][v] += s * b[v];
     }
   }
-  __builtin_memcpy(out, acc, sizeof out);
+  if (width == kPanels * kPanel) {
+    for (int r = 0; r < kRows; ++r) __builtin_memcpy(out + r * ldo, acc[r], sizeof acc[r]);
+  } else {
+    for (int r = 0; r < kRows; ++r) {
+      float row[kPanels * kPanel];
+      __builtin_memcpy(row, acc[r], sizeof row);
+      std::copy_n(row, width, out + r * ldo);
+    }
+  }
 }
 
 // Calls f.template operator()<kRows>() with 1 <= rows <= kRowBlock as a compile-time constant.
@@ -94,38 +108,39 @@ void DispatchRows(int64_t rows, F&& f) {
   f.template operator()<kRows>();
 }
 
-// C = A B for one step, with B = R^T (the forward's h R^T) or R (the backward's dz R), one
-// direction's [H, H] matrix, into scratch ([m, H]); each finished row then goes to
-// epilogue(n, row), so the caller fuses what comes next while the row is in cache. float
-// bands of at most kPackedMaxRows rows use the packed kernel; the rest (double, large bands)
-// one OpenBLAS call.
+// C = A B for m rows of A ([m, K], row stride lda) into out ([m, cols], dense), with B given
+// as [cols, K] (transpose: the forward's h R^T, the projection's x W^T) or [K, cols] (the
+// backward's dz R, the input gradient's dz W), row stride ldb. Each finished row then goes to
+// epilogue(n, row), so the caller fuses what comes next while the row is in cache. float with
+// `pack` uses the packed kernel; the rest (double, large bands or matrices) one OpenBLAS call.
 template <typename T>
-class StepProduct {
+class Product {
  public:
-  StepProduct(const T* R, int64_t H, bool transpose, int64_t max_rows)
-      : R_(R), H_(H), transpose_(transpose),
-        packed_(std::is_same_v<T, float> && max_rows <= kPackedMaxRows) {
+  Product(const T* B, int64_t ldb, int64_t K, int64_t cols, bool transpose, bool pack)
+      : B_(B), ldb_(ldb), K_(K), cols_(cols), transpose_(transpose),
+        packed_(std::is_same_v<T, float> && pack) {
     if (!packed_) return;
-    const int64_t panels = (H + kPanel - 1) / kPanel;
-    panels_.assign(panels * H * kPanel, 0.0f);
+    const int64_t panels = (cols + kPanel - 1) / kPanel;
+    panels_.assign(panels * K * 2, Lanes{});  // kPanel floats a row, zero past cols
+    float* packed = PanelData();
     for (int64_t p = 0; p < panels; ++p) {
-      for (int64_t k = 0; k < H; ++k) {
-        for (int64_t c = 0; c < kPanel && p * kPanel + c < H; ++c) {
+      for (int64_t k = 0; k < K; ++k) {
+        for (int64_t c = 0; c < kPanel && p * kPanel + c < cols; ++c) {
           const int64_t col = p * kPanel + c;
-          panels_[(p * H + k) * kPanel + c] = static_cast<float>(
-              transpose ? R[col * H + k] : R[k * H + col]);
+          packed[(p * K + k) * kPanel + c] =
+              static_cast<float>(transpose ? B[col * ldb + k] : B[k * ldb + col]);
         }
       }
     }
   }
 
   template <typename Epilogue>
-  void operator()(int64_t m, const T* a, int64_t lda, T* scratch, Epilogue&& epilogue) const {
+  void operator()(int64_t m, const T* a, int64_t lda, T* out, Epilogue&& epilogue) const {
     if constexpr (std::is_same_v<T, float>) {
-      if (packed_) return Packed(m, a, lda, scratch, epilogue);
+      if (packed_) return Packed(m, a, lda, out, epilogue);
     }
-    Gemm(false, transpose_, m, H_, H_, T(1), a, lda, R_, H_, T(0), scratch, H_);
-    for (int64_t n = 0; n < m; ++n) epilogue(n, scratch + n * H_);
+    Gemm(false, transpose_, m, cols_, K_, T(1), a, lda, B_, ldb_, T(0), out, cols_);
+    for (int64_t n = 0; n < m; ++n) epilogue(n, out + n * cols_);
   }
 
  private:
@@ -138,29 +153,30 @@ class StepProduct {
       DispatchRows(m * (b + 1) / blocks - r0, [&]<int kRows>() {
         int64_t c0 = 0;
         const auto tiles = [&]<int kPanels>() {
-          for (; c0 + (kPanels - 1) * kPanel < H_; c0 += kPanels * kPanel) {
-            float tile[kRows][kPanels * kPanel];
-            PanelTile<kRows, kPanels>(a + r0 * lda, lda, panels_.data() + c0 * H_, H_ * kPanel,
-                                      H_, tile);
-            const int64_t width = std::min<int64_t>(kPanels * kPanel, H_ - c0);
-            for (int r = 0; r < kRows; ++r) {
-              std::copy_n(tile[r], width, out + (r0 + r) * H_ + c0);
-            }
+          for (; c0 + (kPanels - 1) * kPanel < cols_; c0 += kPanels * kPanel) {
+            PanelTile<kRows, kPanels>(a + r0 * lda, lda, PanelData() + c0 * K_, K_ * kPanel, K_,
+                                      out + r0 * cols_ + c0, cols_,
+                                      std::min<int64_t>(kPanels * kPanel, cols_ - c0));
           }
         };
         constexpr int kPanels = kTilePanels<kRows>;
         tiles.template operator()<kPanels>();  // whole groups of kPanels panels
         if constexpr (kPanels > 1) tiles.template operator()<1>();  // a last odd panel
-        for (int r = 0; r < kRows; ++r) epilogue(r0 + r, out + (r0 + r) * H_);
+        for (int r = 0; r < kRows; ++r) epilogue(r0 + r, out + (r0 + r) * cols_);
       });
     }
   }
 
-  const T* R_;
-  int64_t H_;
+  float* PanelData() { return reinterpret_cast<float*>(panels_.data()); }
+  const float* PanelData() const { return reinterpret_cast<const float*>(panels_.data()); }
+
+  const T* B_;
+  int64_t ldb_, K_, cols_;
   bool transpose_;
   bool packed_;
-  std::vector<float> panels_;  // panel p: H rows (k) of kPanel columns, zero past H
+  // Panel p: K rows of kPanel columns. Held as vectors so that every row of a panel is aligned
+  // to the vector width: unaligned, each load splits across two cache lines (5-12% slower).
+  std::vector<Lanes> panels_;
 };
 
 // Adds wall time to the current phase, when timing is on: from construction (or the last
@@ -194,22 +210,34 @@ class PhaseTimer {
 // (a wake-up is a few microseconds; this is ~10 us of single-core work).
 constexpr int64_t kMinParallelMacs = int64_t{1} << 20;
 
+// body(r0, r1) over [0, m) in one contiguous range of rows per thread, split across the
+// executor's threads when the work (`macs` multiply-adds) is large enough.
+template <typename F>
+void ParallelRows(const Executor& ex, int64_t m, int64_t macs, F&& body) {
+  const int64_t parts = macs >= kMinParallelMacs ? std::min(ex.width(), m) : 1;
+  if (parts <= 1) return body(int64_t{0}, m);
+  ex.ForEach(parts, [&](int64_t p) { body(m * p / parts, m * (p + 1) / parts); });
+}
+
 // Gemm with the rows of C split across the executor's threads when it is large enough.
 template <typename T>
 void ParallelGemm(const Executor& ex, bool trans_a, bool trans_b, int64_t m, int64_t n,
                   int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c,
                   int64_t ldc) {
-  const int64_t parts = m * n * k >= kMinParallelMacs ? std::min(ex.width(), m) : 1;
-  auto rows = [&](int64_t p) {
-    const int64_t r0 = m * p / parts, r1 = m * (p + 1) / parts;
+  ParallelRows(ex, m, m * n * k, [&](int64_t r0, int64_t r1) {
     Gemm(trans_a, trans_b, r1 - r0, n, k, T(1), trans_a ? a + r0 : a + r0 * lda, lda, b, ldb,
          beta, c + r0 * ldc, ldc);
-  };
-  if (parts <= 1) {
-    rows(0);
-  } else {
-    ex.ForEach(parts, rows);
-  }
+  });
+}
+
+// out = A B for the m rows of A (row stride lda), as `product` does, split across threads.
+template <typename T, typename Epilogue>
+void ParallelProduct(const Executor& ex, const Product<T>& product, int64_t m, int64_t K,
+                     int64_t cols, const T* a, int64_t lda, T* out, Epilogue&& epilogue) {
+  ParallelRows(ex, m, m * K * cols, [&](int64_t r0, int64_t r1) {
+    product(r1 - r0, a + r0 * lda, lda, out + r0 * cols,
+            [&](int64_t n, T* row) { epilogue(r0 + n, row); });
+  });
 }
 
 // Reverses the time order of each row's first RowLength steps (all T without lengths) in the
@@ -315,15 +343,21 @@ void Forward(const Executor& ex, const Config& c, const Dims& d, const ForwardAr
 
   PhaseTimer timer(Phase::kProjection);
   // The input projection of every step and both directions is one large product.
+  // The input projection of every step and both directions is one product, the bias added
+  // to each row as it is finished.
+  const auto add_bias = [&](int64_t, T* row) {
+    if (!c.has_bias) return;
+    for (int64_t j = 0; j < DH; ++j) row[j] += a.b[j];
+  };
   if (c.has_input_weight) {
-    ParallelGemm(ex, false, true, rows, DH, d.I, a.x, d.I, a.W, d.I, T(0), zs, DH);
+    const Product<T> projection(a.W, d.I, /*K=*/d.I, /*cols=*/DH, /*transpose=*/true,
+                                d.I * DH <= kPackedMaxFloats);
+    ParallelProduct(ex, projection, rows, d.I, DH, a.x, d.I, zs, add_bias);
   } else {
     std::copy(a.x, a.x + rows * DH, zs);
-  }
-  if (c.has_bias) {
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t j = 0; j < DH; ++j) zs[r * DH + j] += a.b[j];
-    }
+    if (c.has_bias) ParallelRows(ex, rows, rows * DH, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) add_bias(r, zs + r * DH);
+    });
   }
   for (int64_t dir = 0; dir < d.D; ++dir) {  // each step's input into its step's slot
     if (RunLayout(c, dir, a.seq_lengths).source_order_differs()) {
@@ -332,9 +366,10 @@ void Forward(const Executor& ex, const Config& c, const Dims& d, const ForwardAr
   }
 
   const Bands bands(ex, d);
-  std::vector<StepProduct<T>> products;  // h R^T, per direction
+  std::vector<Product<T>> products;  // h R^T, per direction
   for (int64_t dir = 0; dir < d.D; ++dir) {
-    products.emplace_back(a.R + dir * H * H, H, /*transpose=*/true, bands.max_rows());
+    products.emplace_back(a.R + dir * H * H, H, H, H, /*transpose=*/true,
+                          bands.max_rows() <= kPackedMaxRows);
   }
   // Per piece: the masked previous state, the expanded mask, the zero state standing in for a
   // missing h0 (its product is still taken, so 0 * inf in R gives NaN as the reference does),
@@ -410,9 +445,10 @@ void Gradients(const Executor& ex, const Config& c, const Dims& d, const Gradien
   std::unique_ptr<T[]> hm(new T[d.D * hm_size]);
 
   const Bands bands(ex, d);
-  std::vector<StepProduct<T>> products;  // dz R, per direction
+  std::vector<Product<T>> products;  // dz R, per direction
   for (int64_t dir = 0; dir < d.D; ++dir) {
-    products.emplace_back(a.R + dir * H * H, H, /*transpose=*/false, bands.max_rows());
+    products.emplace_back(a.R + dir * H * H, H, H, H, /*transpose=*/false,
+                          bands.max_rows() <= kPackedMaxRows);
   }
   // Per piece: the carried (dz[k+1] R) * m[k+1] and the expanded mask.
   const int64_t scratch = 2 * bands.max_rows() * H;
@@ -502,7 +538,9 @@ void Gradients(const Executor& ex, const Config& c, const Dims& d, const Gradien
   if (a.W) {
     ParallelGemm(ex, true, false, DH, d.I, rows, dz, DH, a.x, d.I, T(0), a.dW, d.I);
     timer.Switch(Phase::kInputGradient);
-    ParallelGemm(ex, false, false, rows, d.I, DH, dz, DH, a.W, d.I, T(0), a.dx, d.I);
+    const Product<T> input_gradient(a.W, d.I, /*K=*/DH, /*cols=*/d.I, /*transpose=*/false,
+                                    DH * d.I <= kPackedMaxFloats);
+    ParallelProduct(ex, input_gradient, rows, DH, d.I, dz, DH, a.dx, [](int64_t, T*) {});
   }
 }
 
