@@ -35,8 +35,9 @@ CHECK = textwrap.dedent("""
                                  jax.grad(loss(jax_sgrnn.reference), argnums=(0, 1, 2, 3, 4))(*args)):
                 np.testing.assert_allclose(got, want, rtol=tol, atol=tol, err_msg=str((dtype, kw)))
     # The packed per-step product's tiles: 1-8 rows (one or two panels per tile, by build) and
-    # panel counts even and odd, last panel partial (H = 70, 100 against 16- and 32-column panels).
-    for N, H in itertools.product([1, 2, 3, 8], [70, 100]):
+    # panel counts even and odd, last panel partial (H = 70, 100 against 16- and 32-column panels);
+    # N = 70: bands of 35 rows (at H = 100 the steps split across threads), several blocks a step.
+    for N, H in itertools.product([1, 2, 3, 8, 70], [70, 100]):
         a = lambda *s, scale=1.0: jnp.asarray(rng.normal(size=s) * scale, np.float32)
         args = (a(3, N, 4), a(H, H, scale=0.5 / H ** 0.5), a(H, 4), a(H), a(N, H))
         loss = lambda f: lambda *p: jnp.sum(jnp.sin(f(*p, activation="tanh")))

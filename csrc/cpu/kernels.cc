@@ -55,12 +55,12 @@ constexpr int kLanes = 4, kRowBlock = 4, kRegisters = 16;  // SSE2: 8 xmm accumu
 constexpr int kPanel = 2 * kLanes;
 typedef float Lanes __attribute__((vector_size(kLanes * sizeof(float))));
 
-// Per step, bands of at most this many rows use the packed kernel; larger ones are large
-// enough for OpenBLAS to amortise its packing (measured: docs/performance.md).
-constexpr int64_t kPackedMaxRows = 32;
-// The projection and the input gradient use it while B's panels stay in a core's L2 (on 2 MiB
-// of L2 it matched or beat single-threaded OpenBLAS up to 512 x 512 and lost at 1024 x 1024).
+// The packed kernel runs a product while B's panels stay in a core's L2 (on 2 MiB of L2 it
+// matched or beat single-threaded OpenBLAS at any number of rows up to 512 x 512, and lost at
+// 1024 x 1024), and a per-step product of a band of at most kPackedMaxRows rows at any H (there
+// OpenBLAS's repacking of R every step costs more). Measured: docs/performance.md.
 constexpr int64_t kPackedMaxFloats = 512 * 512;
+constexpr int64_t kPackedMaxRows = 32;
 
 // Panels one tile covers for a block of kRows rows: two when their accumulators, the four
 // vectors of B and a broadcast fit the registers (few rows), so that each load of A and each
@@ -384,7 +384,7 @@ void Forward(const Executor& ex, const Config& c, const Dims& d, const ForwardAr
   std::vector<Product<T>> products;  // h R^T, per direction
   for (int64_t dir = 0; dir < d.D; ++dir) {
     products.emplace_back(a.R + dir * H * H, H, H, H, /*transpose=*/true,
-                          bands.max_rows() <= kPackedMaxRows);
+                          bands.max_rows() <= kPackedMaxRows || H * H <= kPackedMaxFloats);
   }
   // Per piece: the masked previous state, the expanded mask, the zero state standing in for a
   // missing h0 (its product is still taken, so 0 * inf in R gives NaN as the reference does),
@@ -463,7 +463,7 @@ void Gradients(const Executor& ex, const Config& c, const Dims& d, const Gradien
   std::vector<Product<T>> products;  // dz R, per direction
   for (int64_t dir = 0; dir < d.D; ++dir) {
     products.emplace_back(a.R + dir * H * H, H, H, H, /*transpose=*/false,
-                          bands.max_rows() <= kPackedMaxRows);
+                          bands.max_rows() <= kPackedMaxRows || H * H <= kPackedMaxFloats);
   }
   // Per piece: the carried (dz[k+1] R) * m[k+1] and the expanded mask.
   const int64_t scratch = 2 * bands.max_rows() * H;
