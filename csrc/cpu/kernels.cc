@@ -62,6 +62,11 @@ typedef float Lanes __attribute__((vector_size(kLanes * sizeof(float))));
 constexpr int64_t kPackedMaxFloats = 512 * 512;
 constexpr int64_t kPackedMaxRows = 32;
 
+// Whether the per-step product of bands of up to `band_rows` rows runs the packed kernel.
+constexpr bool PackStepProduct(int64_t band_rows, int64_t H) {
+  return band_rows <= kPackedMaxRows || H * H <= kPackedMaxFloats;
+}
+
 // Panels one tile covers for a block of kRows rows: two when their accumulators, the four
 // vectors of B and a broadcast fit the registers (few rows), so that each load of A and each
 // loop step feed twice the multiply-adds; else one.
@@ -357,7 +362,6 @@ void Forward(const Executor& ex, const Config& c, const Dims& d, const ForwardAr
   T* zs = c.training ? a.z : a.y;
 
   PhaseTimer timer(Phase::kProjection);
-  // The input projection of every step and both directions is one large product.
   // The input projection of every step and both directions is one product, the bias added
   // to each row as it is finished.
   const auto add_bias = [&](int64_t, T* row) {
@@ -384,7 +388,7 @@ void Forward(const Executor& ex, const Config& c, const Dims& d, const ForwardAr
   std::vector<Product<T>> products;  // h R^T, per direction
   for (int64_t dir = 0; dir < d.D; ++dir) {
     products.emplace_back(a.R + dir * H * H, H, H, H, /*transpose=*/true,
-                          bands.max_rows() <= kPackedMaxRows || H * H <= kPackedMaxFloats);
+                          PackStepProduct(bands.max_rows(), H));
   }
   // Per piece: the masked previous state, the expanded mask, the zero state standing in for a
   // missing h0 (its product is still taken, so 0 * inf in R gives NaN as the reference does),
@@ -463,7 +467,7 @@ void Gradients(const Executor& ex, const Config& c, const Dims& d, const Gradien
   std::vector<Product<T>> products;  // dz R, per direction
   for (int64_t dir = 0; dir < d.D; ++dir) {
     products.emplace_back(a.R + dir * H * H, H, H, H, /*transpose=*/false,
-                          bands.max_rows() <= kPackedMaxRows || H * H <= kPackedMaxFloats);
+                          PackStepProduct(bands.max_rows(), H));
   }
   // Per piece: the carried (dz[k+1] R) * m[k+1] and the expanded mask.
   const int64_t scratch = 2 * bands.max_rows() * H;
