@@ -333,12 +333,14 @@ class Bands {
   int64_t count() const { return d_.D * per_dir_; }
   int64_t max_rows() const { return (d_.N + per_dir_ - 1) / per_dir_; }
 
+  Band At(int64_t item) const {
+    const int64_t b = item % per_dir_;
+    return Band{item, item / per_dir_, d_.N * b / per_dir_, d_.N * (b + 1) / per_dir_};
+  }
+
   template <typename F>
   void ForEach(const Executor& ex, F&& body) const {
-    auto run = [&](int64_t item) {
-      const int64_t b = item % per_dir_;
-      body(Band{item, item / per_dir_, d_.N * b / per_dir_, d_.N * (b + 1) / per_dir_});
-    };
+    auto run = [&](int64_t item) { body(At(item)); };
     if (!parallel_) {
       for (int64_t item = 0; item < count(); ++item) run(item);
     } else {
@@ -472,6 +474,8 @@ void Gradients(const Executor& ex, const Config& c, const Dims& d, const Gradien
   // Per piece: the carried (dz[k+1] R) * m[k+1] and the expanded mask.
   const int64_t scratch = 2 * bands.max_rows() * H;
   std::vector<T> scratch_all(bands.count() * scratch);
+  // Per piece, db's part from its rows: column sums of dz, long ones, so in double.
+  std::vector<double> bias_sums(a.db ? bands.count() * H : 0, 0.0);
   bands.ForEach(ex, [&](const Band& band) {
     const DirectionLayout layout = LayoutOf(c, band.dir), run = RunLayout(c, band.dir,
                                                                          a.seq_lengths);
@@ -531,7 +535,24 @@ void Gradients(const Executor& ex, const Config& c, const Dims& d, const Gradien
       ZeroPadding(dz + col, d, DH, a.seq_lengths, band.n0, band.n1);
       ZeroPadding(hm.get() + band.dir * hm_size, d, H, a.seq_lengths, band.n0, band.n1);
     }
+    if (a.db) {  // on the threads, while the piece's dz is still in cache
+      double* sums = bias_sums.data() + band.item * H;
+      for (int64_t t = 0; t < d.T; ++t) {
+        for (int64_t n = band.n0; n < band.n1; ++n) {
+          const T* row = dz + (t * N + n) * DH + col;
+          for (int64_t j = 0; j < H; ++j) sums[j] += row[j];
+        }
+      }
+    }
   });
+  if (a.db) {  // the pieces' sums added in a fixed order
+    std::vector<double> sums(DH, 0.0);
+    for (int64_t item = 0; item < bands.count(); ++item) {
+      const int64_t col = bands.At(item).dir * H;
+      for (int64_t j = 0; j < H; ++j) sums[col + j] += bias_sums[item * H + j];
+    }
+    std::copy(sums.begin(), sums.end(), a.db);
+  }
 
   timer.Switch(Phase::kWeightGradients);
   for (int64_t dir = 0; dir < d.D; ++dir) {
@@ -546,15 +567,8 @@ void Gradients(const Executor& ex, const Config& c, const Dims& d, const Gradien
   }
 
   // dz is now dx' in source time order for both directions: the rest are large products.
-  timer.Switch(Phase::kWeightGradients);
-  if (a.db) {
-    std::vector<double> sums(DH, 0.0);  // long column sums: accumulate in double
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t j = 0; j < DH; ++j) sums[j] += dz[r * DH + j];
-    }
-    std::copy(sums.begin(), sums.end(), a.db);
-  }
   if (a.W) {
+    timer.Switch(Phase::kWeightGradients);
     ParallelGemmTransposedA(ex, DH, d.I, rows, dz, DH, a.x, d.I, a.dW, d.I);
     timer.Switch(Phase::kInputGradient);
     const Product<T> input_gradient(a.W, d.I, /*K=*/DH, /*cols=*/d.I, /*transpose=*/false,
