@@ -3,9 +3,10 @@
 All three run in this one process on the same shapes: tanh, with input weight, bias and
 initial state, float32. Forward, and forward+backward (gradients for every input). Reports
 the median of --repeats timed runs after warm-up (and the op's and the scan's min-max, their
-spread), the op's GFLOP/s and its fraction of this machine's large-GEMM rate (measured first),
-and the op's speedup ratios; then, per shape, where the op's forward+backward time goes (the
-kernels' phase counters). The header names the CPU and the kernels' instruction-set build;
+spread), timed in rounds that interleave the contenders and a large GEMM (so that a slow
+stretch of the machine falls on all alike), the op's GFLOP/s and its fraction of the large
+GEMM's rate in the same rounds, and the op's speedup ratios; then, per shape, where the op's
+forward+backward time goes (the kernels' phase counters). The header names the CPU and the kernels' instruction-set build;
 --json writes the machine, the GEMM rate and the rows, so runs on different machines compare.
 Column "xlaproj" times the alternative design (XLA does the input projection and its
 gradients around a recurrence-only custom call), which docs/design.md weighs.
@@ -61,17 +62,52 @@ def time_stats(fn, repeats: int, warmup: int = 3, min_total: float = 0.5) -> dic
     return dict(min=min(times), median=statistics.median(times), max=max(times))
 
 
+def interleaved_stats(fns: dict, repeats: int, rounds: int = 5, warmup: int = 3,
+                      min_total: float = 0.5) -> dict:
+    """:func:`time_stats` for several callables at once, timed in `rounds` rounds: in each
+    round every callable runs a block of at least repeats/rounds calls (and min_total/rounds
+    seconds), in an order that rotates from round to round. This VM's speed drifts (a large
+    GEMM's rate moved 1.7x within one session), so timing the contenders one after another
+    charged a slow stretch to whichever ran in it; spread over rounds it falls on all alike.
+    Blocks, not single calls in turn: each runtime's thread pool spins for a while after its
+    calls, and a contender timed right after another shares the cores with those threads."""
+    names = list(fns)
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times = {k: [] for k in names}
+    for r in range(rounds):
+        for k in names[r % len(names):] + names[:r % len(names)]:
+            time.sleep(0.05)  # let the last contender's pool threads go idle
+            block = []
+            while len(block) < -(-repeats // rounds) or sum(block) < min_total / rounds:
+                start = time.perf_counter()
+                fns[k]()
+                block.append(time.perf_counter() - start)
+            times[k] += block
+    return {k: dict(min=min(v), median=statistics.median(v), max=max(v))
+            for k, v in times.items()}
+
+
 def median_seconds(fn, repeats: int, warmup: int = 3, min_total: float = 0.5) -> float:
     """The median of :func:`time_stats`."""
     return time_stats(fn, repeats, warmup, min_total)["median"]
 
 
-def large_gemm_gflops(n: int = 2048, repeats: int = 10) -> float:
-    """This machine's float32 rate on one large square product (XLA's, all cores): the
-    ceiling the op's GFLOP/s are compared with."""
+GEMM_SIZE = 2048
+
+
+def large_gemm_timer(n: int = GEMM_SIZE):
+    """One large square float32 product (XLA's, all cores), blocking: its rate is the ceiling
+    the op's GFLOP/s are compared with (2 n^3 flops a call)."""
     a = jnp.asarray(np.random.default_rng(1).standard_normal((n, n)), jnp.float32)
     dot = jax.jit(lambda a: a @ a)
-    return 2.0 * n ** 3 / median_seconds(lambda: dot(a).block_until_ready(), repeats) / 1e9
+    return lambda: dot(a).block_until_ready()
+
+
+def large_gemm_gflops(n: int = GEMM_SIZE, repeats: int = 10) -> float:
+    """This machine's large-GEMM rate (:func:`large_gemm_timer`), GFLOP/s."""
+    return 2.0 * n ** 3 / median_seconds(large_gemm_timer(n), repeats) / 1e9
 
 
 def cpu_name() -> str:
@@ -185,17 +221,20 @@ def main(argv=None) -> list[dict]:
 
     from jax_sgrnn import _sgrnn_cpu
 
+    gemm_timer = large_gemm_timer()
     gemm = large_gemm_gflops()
     machine = dict(cpu=cpu_name(), cores=os.cpu_count(), isa=_sgrnn_cpu.selected_isa(),
                    jax=jax.__version__, date=time.strftime("%Y-%m-%d"), gemm_gflops=gemm)
     print(f"{machine['date']}; {machine['cpu']}, {machine['cores']} cores; kernels "
-          f"{machine['isa']}; jax {jax.__version__}; float32; large GEMM {gemm:.0f} GFLOP/s")
-    print(f"median of >= {args.repeats} runs (>= 0.5 s) after warm-up; 'spread' is min-max; "
-          "'% gemm' is the op's GFLOP/s over the large-GEMM rate")
+          f"{machine['isa']}; jax {jax.__version__}; float32; large GEMM {gemm:.0f} GFLOP/s "
+          "at the start")
+    print(f"median of >= {args.repeats} runs (>= 0.5 s) after warm-up, in 5 rounds that "
+          "interleave the contenders and the large GEMM; 'spread' is min-max; 'gemm' is the "
+          "large GEMM's GFLOP/s in the row's rounds, '% gemm' the op's GFLOP/s over it")
     rows, phases = [], {}
     header = (f"{'T,N,I,H':>16} {'pass':>8} {'op ms':>8} {'op spread':>13} {'scan ms':>8} "
-              f"{'scan spread':>13} {'torch ms':>8} {'xlaproj':>8} {'op GF/s':>8} {'% gemm':>7} "
-              f"{'vs scan':>8} {'vs torch':>8}")
+              f"{'scan spread':>13} {'torch ms':>8} {'xlaproj':>8} {'op GF/s':>8} {'gemm':>6} "
+              f"{'% gemm':>7} {'vs scan':>8} {'vs torch':>8}")
     print(header)
     for spec in args.shapes:
         T, N, I, H = map(int, spec.split(","))
@@ -211,13 +250,16 @@ def main(argv=None) -> list[dict]:
             *pair, torch_info = torch_timers(x, R, W, b, h0, c)
             timers["torch"] = pair
         for i, (name, flops) in enumerate((("fwd", flops_fwd), ("fwd+bwd", 3 * flops_fwd))):
-            stats = {k: time_stats(v[i], args.repeats) for k, v in timers.items()}
+            stats = interleaved_stats({**{k: v[i] for k, v in timers.items()},
+                                       "gemm": gemm_timer}, args.repeats)
+            row_gemm = 2.0 * GEMM_SIZE ** 3 / stats.pop("gemm")["median"] / 1e9
             t = {k: st["median"] for k, st in stats.items()}
             row = dict(shape=[T, N, I, H], pass_=name, **{f"{k}_ms": 1e3 * s for k, s in t.items()},
                        **{f"{k}_{m}_ms": 1e3 * st[m] for k, st in stats.items()
                           for m in ("min", "max")},
                        op_gflops=flops / t["op"] / 1e9, speedup_vs_scan=t["scan"] / t["op"])
-            row["op_fraction_of_gemm"] = row["op_gflops"] / gemm
+            row["gemm_gflops"] = row_gemm
+            row["op_fraction_of_gemm"] = row["op_gflops"] / row_gemm
             if "torch" in t:
                 row["speedup_vs_torch"] = t["torch"] / t["op"]
             rows.append(row)
@@ -226,7 +268,7 @@ def main(argv=None) -> list[dict]:
             spread = lambda k: f"{row[f'{k}_min_ms']:.2f}-{row[f'{k}_max_ms']:.2f}"
             print(f"{spec:>16} {name:>8} {row['op_ms']:8.2f} {spread('op'):>13} "
                   f"{row['scan_ms']:8.2f} {spread('scan'):>13} {torch_ms} "
-                  f"{row['xla_proj_ms']:8.2f} {row['op_gflops']:8.1f} "
+                  f"{row['xla_proj_ms']:8.2f} {row['op_gflops']:8.1f} {row_gemm:6.0f} "
                   f"{100 * row['op_fraction_of_gemm']:6.0f}% {row['speedup_vs_scan']:7.2f}x "
                   f"{vs_torch}", flush=True)
         phases[spec] = phase_ms(timers["op"][1], args.repeats)
