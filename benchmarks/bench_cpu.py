@@ -69,8 +69,9 @@ def interleaved_stats(fns: dict, repeats: int, rounds: int = 5, warmup: int = 3,
     seconds), in an order that rotates from round to round. This VM's speed drifts (a large
     GEMM's rate moved 1.7x within one session), so timing the contenders one after another
     charged a slow stretch to whichever ran in it; spread over rounds it falls on all alike.
-    Blocks, not single calls in turn: each runtime's thread pool spins for a while after its
-    calls, and a contender timed right after another shares the cores with those threads."""
+    Blocks, not single calls in turn, each after a pause and one untimed call: each
+    runtime's thread pool spins for a while after its calls, and a contender timed right
+    after another shares the cores with those threads and starts with cold caches."""
     names = list(fns)
     for fn in fns.values():
         for _ in range(warmup):
@@ -78,7 +79,8 @@ def interleaved_stats(fns: dict, repeats: int, rounds: int = 5, warmup: int = 3,
     times = {k: [] for k in names}
     for r in range(rounds):
         for k in names[r % len(names):] + names[:r % len(names)]:
-            time.sleep(0.05)  # let the last contender's pool threads go idle
+            time.sleep(0.2)  # let the last contender's pool threads go idle
+            fns[k]()
             block = []
             while len(block) < -(-repeats // rounds) or sum(block) < min_total / rounds:
                 start = time.perf_counter()
