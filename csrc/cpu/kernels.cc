@@ -54,6 +54,12 @@ constexpr int kLanes = 4, kRowBlock = 4, kRegisters = 16;  // SSE2: 8 xmm accumu
 #endif
 constexpr int kPanel = 2 * kLanes;
 typedef float Lanes __attribute__((vector_size(kLanes * sizeof(float))));
+// One vector of packed panel data, as a type of this build's own namespace: the std::vector
+// code for a plain vector type would be a weak symbol outside it, which the linker may share
+// between the builds (cmake/check_isa_symbols.cmake rejects it).
+struct PanelVector {
+  Lanes lanes;
+};
 
 // The packed kernel runs a product while B's panels stay in a core's L2 (on 2 MiB of L2 it
 // matched or beat single-threaded OpenBLAS at any number of rows up to 512 x 512, and lost at
@@ -126,7 +132,7 @@ class Product {
         packed_(std::is_same_v<T, float> && pack) {
     if (!packed_) return;
     const int64_t panels = (cols + kPanel - 1) / kPanel;
-    panels_.assign(panels * K * 2, Lanes{});  // kPanel floats a row, zero past cols
+    panels_.assign(panels * K * 2, PanelVector{});  // kPanel floats a row, zero past cols
     float* packed = PanelData();
     for (int64_t p = 0; p < panels; ++p) {
       for (int64_t k = 0; k < K; ++k) {
@@ -181,7 +187,7 @@ class Product {
   bool packed_;
   // Panel p: K rows of kPanel columns. Held as vectors so that every row of a panel is aligned
   // to the vector width: unaligned, each load splits across two cache lines (5-12% slower).
-  std::vector<Lanes> panels_;
+  std::vector<PanelVector> panels_;
 };
 
 // Adds wall time to the current phase, when timing is on: from construction (or the last
