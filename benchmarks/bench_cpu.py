@@ -6,9 +6,9 @@ the median of --repeats timed runs after warm-up (and the op's and the scan's mi
 spread), timed in rounds that interleave the contenders and a large GEMM (so that a slow
 stretch of the machine falls on all alike), the op's GFLOP/s and its fraction of the large
 GEMM's rate in the same rounds, and the op's speedup ratios; then, per shape, where the op's
-forward+backward time goes (the kernels' phase counters). The header names the CPU and the kernels' instruction-set build;
---json writes the machine, the GEMM rate and the rows, so runs on different machines compare.
-Column "xlaproj" times the alternative design (XLA does the input projection and its
+forward+backward time goes (the kernels' phase counters). The header names the CPU and the
+kernels' instruction-set build; --json writes the machine, the GEMM rates and the rows, so
+runs on different machines compare. Column "xlaproj" times the alternative design (XLA does the input projection and its
 gradients around a recurrence-only custom call), which docs/design.md weighs.
 
     python benchmarks/bench_cpu.py               # the issue's five shapes
@@ -62,7 +62,10 @@ def time_stats(fn, repeats: int, warmup: int = 3, min_total: float = 0.5) -> dic
     return dict(min=min(times), median=statistics.median(times), max=max(times))
 
 
-def interleaved_stats(fns: dict, repeats: int, rounds: int = 5, warmup: int = 3,
+ROUNDS = 5
+
+
+def interleaved_stats(fns: dict, repeats: int, rounds: int = ROUNDS, warmup: int = 3,
                       min_total: float = 0.5) -> dict:
     """:func:`time_stats` for several callables at once, timed in `rounds` rounds: in each
     round every callable runs a block of at least repeats/rounds calls (and min_total/rounds
@@ -230,7 +233,7 @@ def main(argv=None) -> list[dict]:
     print(f"{machine['date']}; {machine['cpu']}, {machine['cores']} cores; kernels "
           f"{machine['isa']}; jax {jax.__version__}; float32; large GEMM {gemm:.0f} GFLOP/s "
           "at the start")
-    print(f"median of >= {args.repeats} runs (>= 0.5 s) after warm-up, in 5 rounds that "
+    print(f"median of >= {args.repeats} runs (>= 0.5 s) after warm-up, in {ROUNDS} rounds that "
           "interleave the contenders and the large GEMM; 'spread' is min-max; 'gemm' is the "
           "large GEMM's GFLOP/s in the row's rounds, '% gemm' the op's GFLOP/s over it")
     rows, phases = [], {}
