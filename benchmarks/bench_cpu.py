@@ -8,8 +8,9 @@ stretch of the machine falls on all alike), the op's GFLOP/s and its fraction of
 GEMM's rate in the same rounds, and the op's speedup ratios; then, per shape, where the op's
 forward+backward time goes (the kernels' phase counters). The header names the CPU and the
 kernels' instruction-set build; --json writes the machine, the GEMM rates and the rows, so
-runs on different machines compare. Column "xlaproj" times the alternative design (XLA does the input projection and its
-gradients around a recurrence-only custom call), which docs/design.md weighs.
+runs on different machines compare. Column "xlaproj" times the alternative design (XLA does
+the input projection and its gradients around a recurrence-only custom call), which
+docs/design.md weighs.
 
     python benchmarks/bench_cpu.py               # the issue's five shapes
     python benchmarks/bench_cpu.py --shapes 100,16,64,64 --repeats 50
