@@ -48,29 +48,15 @@ def problem(T: int, N: int, I: int, H: int) -> tuple:
     return x, f32(H, H, scale=bound), f32(H, I, scale=bound), f32(H, scale=bound), f32(N, H), c
 
 
-def time_stats(fn, repeats: int, warmup: int = 3, min_total: float = 0.5) -> dict:
-    """min / median / max seconds of at least `repeats` timed runs, and of more for fast
-    functions (runs continue until `min_total` seconds have been timed), after `warmup`
-    untimed ones."""
-    time.sleep(0.2)  # let the previous measurement's thread pools go idle
-    for _ in range(warmup):
-        fn()
-    times = []
-    while len(times) < repeats or sum(times) < min_total:
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return dict(min=min(times), median=statistics.median(times), max=max(times))
-
-
 ROUNDS = 5
 
 
 def interleaved_stats(fns: dict, repeats: int, rounds: int = ROUNDS, warmup: int = 3,
                       min_total: float = 0.5) -> dict:
-    """:func:`time_stats` for several callables at once, timed in `rounds` rounds: in each
-    round every callable runs a block of at least repeats/rounds calls (and min_total/rounds
-    seconds), in an order that rotates from round to round. This VM's speed drifts (a large
+    """min / median / max seconds of each callable, timed in `rounds` rounds after `warmup`
+    untimed calls each: in each round every callable runs a block of at least
+    repeats/rounds calls (and min_total/rounds seconds), in an order that rotates from round
+    to round. This VM's speed drifts (a large
     GEMM's rate moved 1.7x within one session), so timing the contenders one after another
     charged a slow stretch to whichever ran in it; spread over rounds it falls on all alike.
     Blocks, not single calls in turn, each after a pause and one untimed call: each
@@ -93,6 +79,13 @@ def interleaved_stats(fns: dict, repeats: int, rounds: int = ROUNDS, warmup: int
             times[k] += block
     return {k: dict(min=min(v), median=statistics.median(v), max=max(v))
             for k, v in times.items()}
+
+
+def time_stats(fn, repeats: int, warmup: int = 3, min_total: float = 0.5) -> dict:
+    """min / median / max seconds of at least `repeats` timed runs, and of more for fast
+    functions (runs continue until `min_total` seconds have been timed), after `warmup`
+    untimed ones: :func:`interleaved_stats` for one callable in one round."""
+    return interleaved_stats({"fn": fn}, repeats, 1, warmup, min_total)["fn"]
 
 
 def median_seconds(fn, repeats: int, warmup: int = 3, min_total: float = 0.5) -> float:
