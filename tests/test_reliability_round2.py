@@ -172,10 +172,24 @@ L = np.longdouble
 e = np.exp(-np.abs(z.astype(L)) * (1 if activation == "sigmoid" else 2))
 want = ((np.where(z >= 0, 1 / (1 + e), e / (1 + e)), e / (1 + e) ** 2) if activation == "sigmoid"
         else (np.tanh(z.astype(L)), 4 * e / (1 + e) ** 2))
+# The gradient op computes h = act(z) again, for dR (on the CPU by a formula of its own, shared
+# with act'). With T = 2, R = 0, z[1] = 0 and dy = (0, 1): dR[i, j] = act'(0) h[0, j], and
+# act'(0) (1 for tanh, 1/4 for sigmoid) scales exactly.
+H = 2048
+rows = np.concatenate([z, np.zeros(-len(z) % H, dtype)]).reshape(-1, H)
+R2, dy2 = np.zeros((H, H), dtype), np.stack([np.zeros(H, dtype), np.ones(H, dtype)])[:, None]
+grad_at_0 = 1.0 if activation == "tanh" else 0.25
+h_back = []
+for row in rows:
+    x2 = np.stack([row, np.zeros(H, dtype)])[:, None]
+    _, z2 = jax_sgrnn.single_gate_rnn(x2, R2, activation=activation, training=True)
+    _, dR2 = jax_sgrnn.single_gate_rnn_gradients(x2, R2, dy2, z2, activation=activation)
+    h_back.append(np.asarray(dR2)[0] / grad_at_0)
+h_back = np.concatenate(h_back)[:len(z)]
 # XLA's CPU threads flush subnormals, and intermediates of results near the smallest normal
 # are subnormal: a few ulp is the claim from 4x the smallest normal up, |error| <= 4x tiny below.
 floor = 4 * np.finfo(dtype).tiny
-for name, got, truth in (("y", y, want[0]), ("dx", dx, want[1])):
+for name, got, truth in (("y", y, want[0]), ("dx", dx, want[1]), ("h in dR", h_back, want[0])):
     got = np.ravel(got).astype(L)
     big = np.abs(truth) >= floor
     err = np.abs(got[big] - truth[big]) / (np.abs(truth[big]) * np.finfo(dtype).eps)
@@ -199,9 +213,10 @@ def _accuracy_in_subprocess(activation, dtype, isa=None):
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("activation", ["sigmoid", "tanh"])
 def test_activation_and_derivative_within_4_ulp_everywhere(activation, dtype):
-    """The whole range, both tails included: the handlers' sigmoid lost its negative tail
-    (0.5 tanh(z/2) + 0.5 cancels: sigmoid(-16) was 0 in float32), and 1 - tanh^2 and s (1 - s)
-    cancel to 0 where the derivative is not 0."""
+    """The whole range, both tails included, for the forward's act(z), the gradient's act'(z)
+    and the act(z) the gradient op computes again for dR: the handlers' sigmoid lost its
+    negative tail (0.5 tanh(z/2) + 0.5 cancels: sigmoid(-16) was 0 in float32), and
+    1 - tanh^2 and s (1 - s) cancel to 0 where the derivative is not 0."""
     _accuracy_in_subprocess(activation, dtype)
 
 

@@ -518,8 +518,9 @@ void Gradients(const Executor& ex, const Config& c, const Dims& d, const Gradien
           const T* z_row = a.z + in;
           for (int64_t j = 0; j < H; ++j) {
             const T zv = z_row[j];
-            const T h = Activate<A>(zv);
-            dz_k[n * DH + j] = (dy_row[j] + carry[n * H + j]) * ActivateGrad<A>(zv, h);
+            T h, grad;
+            ActivateWithGrad<A>(zv, h, grad);
+            dz_k[n * DH + j] = (dy_row[j] + carry[n * H + j]) * grad;
             hm_next[n * H + j] = h;
           }
         }
