@@ -56,9 +56,9 @@ def interleaved_stats(fns: dict, repeats: int, rounds: int = ROUNDS, warmup: int
     """min / median / max seconds of each callable, timed in `rounds` rounds after `warmup`
     untimed calls each: in each round every callable runs a block of at least
     repeats/rounds calls (and min_total/rounds seconds), in an order that rotates from round
-    to round. This VM's speed drifts (a large
-    GEMM's rate moved 1.7x within one session), so timing the contenders one after another
-    charged a slow stretch to whichever ran in it; spread over rounds it falls on all alike.
+    to round. This VM's speed drifts (a large GEMM's rate moved 1.7x within one session), so
+    timing the contenders one after another charged a slow stretch to whichever ran in it;
+    spread over rounds it falls on all alike.
     Blocks, not single calls in turn, each after a pause and one untimed call: each
     runtime's thread pool spins for a while after its calls, and a contender timed right
     after another shares the cores with those threads and starts with cold caches."""
