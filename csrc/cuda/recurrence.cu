@@ -436,7 +436,7 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
   const bool masked = !kPlain && a.mask.data != nullptr;
   T w[kTile][kSlice];  // columns j of R
   LoadSlice(w, a.R, p, g, true);
-  const auto derivative = [](T z) { return ActivateGrad<A>(z, Activate<A>(z)); };
+  const auto derivative = [](T z) { return ActivateGrad<A>(z); };
   // z at step k of row b (with `length` valid steps), zero for k < 0 and at padded steps.
   const auto z_at = [&](int b, int k, int length) {
     if (k < 0) return T(0);

@@ -213,7 +213,7 @@ SGRNN_HOST_DEVICE inline T TanhGrad(T z) {
   return T(4) * SigmoidGradFrom(LogisticOf(ExpNonPositive(T(-2) * std::abs(z))));
 }
 
-// act(z), and act'(z) (given h = act(z) too, for the activations that reuse it).
+// act(z), and act'(z) from z alone.
 template <Activation A, typename T>
 SGRNN_HOST_DEVICE inline T Activate(T z) {
   if constexpr (A == Activation::kNone) return z;
@@ -225,7 +225,7 @@ SGRNN_HOST_DEVICE inline T Activate(T z) {
 }
 
 template <Activation A, typename T>
-SGRNN_HOST_DEVICE inline T ActivateGrad(T z, [[maybe_unused]] T h) {  // h = Activate<A>(z)
+SGRNN_HOST_DEVICE inline T ActivateGrad(T z) {
   if constexpr (A == Activation::kNone) return T(1);
   if constexpr (A == Activation::kRelu) return z > T(0) ? T(1) : T(0);
   if constexpr (A == Activation::kTanh) return TanhGrad(z);
@@ -251,7 +251,7 @@ SGRNN_HOST_DEVICE inline void ActivateWithGrad(T z, T& h, T& grad) {
     grad = SigmoidGradFrom(p);
   } else {
     h = Activate<A>(z);
-    grad = ActivateGrad<A>(z, h);
+    grad = ActivateGrad<A>(z);
   }
 }
 
