@@ -8,7 +8,8 @@ are available here.
 
 from importlib.metadata import PackageNotFoundError, version
 
-from ._backends import Backend, backends, get_cpu_backend, set_cpu_backend, use_cuda_handler
+from ._backends import (Backend, backends, get_cpu_backend, mps_self_check, set_cpu_backend,
+                        use_cuda_handler)
 from ._spec import Activation, SingleGateRNNDescriptor
 from .ops import single_gate_rnn, single_gate_rnn_gradients
 from .reference import reference, reference_gradients
@@ -20,6 +21,7 @@ __all__ = [
     "SingleGateRNNDescriptor",
     "backends",
     "get_cpu_backend",
+    "mps_self_check",
     "reference",
     "reference_gradients",
     "set_cpu_backend",

@@ -24,6 +24,7 @@ import functools
 import importlib
 import os
 import sys
+import threading
 import warnings
 from types import MappingProxyType
 from typing import Callable, Iterator, Mapping, Optional
@@ -32,7 +33,8 @@ import jax
 import numpy as np
 from jax._src import config as jax_config  # enum_state: a jit-keyed, env-backed option
 
-__all__ = ["Backend", "backends", "get_cpu_backend", "set_cpu_backend", "use_cuda_handler"]
+__all__ = ["Backend", "backends", "get_cpu_backend", "mps_self_check", "set_cpu_backend",
+           "use_cuda_handler"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +59,10 @@ class Backend:
       fits: ``(steps, hidden, batch, directions, itemsize, gradients) -> bool``: whether its
         handler runs (and pays at) those sizes on this process's devices; a call that does not
         fit lowers to the decomposition. None: every size.
+      self_check: ``mps`` only: the verdict of the check of MPSGraph against this package's
+        semantics (:func:`mps_self_check`): ``"not run"``, ``"passed"``, ``"failed: <fact>
+        ..."`` (with the worst error seen), or ``"off"`` (``JAX_SGRNN_MPS_SELF_CHECK=0``).
+        None for the other backends.
     """
 
     name: str
@@ -72,6 +78,7 @@ class Backend:
     targets: Mapping[str, str] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
     recurrence_only: bool = False
     fits: Optional[Callable[[int, int, int, int, int, bool], bool]] = None
+    self_check: Optional[str] = None
 
     def runs(self, steps: int, hidden: int, batch: int, directions: int, dtype,
              gradients: bool) -> bool:
@@ -97,7 +104,8 @@ _SPECS = (
     # Metal has no float64; bfloat16 needs macOS 14 in MPSGraph, so it is widened everywhere.
     # MPSGraph's op has no per-row lengths.
     Backend("mps", "cpu", "_sgrnn_mps", native_dtypes=("float32", "float16"),
-            widened_dtypes=("bfloat16",), handoff=MappingProxyType({"float64": "native"})),
+            widened_dtypes=("bfloat16",), handoff=MappingProxyType({"float64": "native"}),
+            self_check="not run"),
     # NVIDIA GPUs: float32 and float64 as they are; half precisions accumulate in float32.
     Backend("cuda", "cuda", "_sgrnn_cuda", native_dtypes=("float32", "float64"),
             widened_dtypes=("float16", "bfloat16"), seq_lengths=True, recurrence_only=True),
@@ -298,7 +306,8 @@ def _cpu_backend_for(dtype, seq_lengths: bool) -> tuple[str, ...]:
     choice = get_cpu_backend()
     if choice == "scan":
         return ()
-    if choice == "auto":
+    automatic = choice == "auto"
+    if automatic:
         choice = next((n for n in ("mps", "native") if _TABLE[n].available), None)
         if choice is None:
             return ()
@@ -310,7 +319,104 @@ def _cpu_backend_for(dtype, seq_lengths: bool) -> tuple[str, ...]:
                            f"be lowered here: {backend.reason}")
     if seq_lengths and not backend.seq_lengths:
         return ()
+    if backend.name == "mps" and backend.available and not _mps_trusted(automatic):
+        return ("native",) if automatic else ("mps",)
     return (backend.name,)
+
+
+# ---------------------------------------------------------------- MPSGraph's self-check
+
+_SELF_CHECK_ENV = "JAX_SGRNN_MPS_SELF_CHECK"
+if os.environ.get(_SELF_CHECK_ENV, "1") not in ("0", "1"):
+    raise ValueError(f"{_SELF_CHECK_ENV}: expected '1' (run MPSGraph's self-check, the default) or "
+                     f"'0' (skip it), got {os.environ[_SELF_CHECK_ENV]!r}")
+
+_self_check_lock = threading.Lock()
+_self_check_report: Optional[dict] = None
+_self_check_warned: set[bool] = set()  # automatic or not: one warning each per process
+
+
+def _run_mps_self_check() -> dict:
+    """The MPSGraph extension's self-check report (replaced by tests on machines without it)."""
+    return importlib.import_module(f"{__package__}._sgrnn_mps").self_check()
+
+
+def mps_self_check(rerun: bool = False) -> dict:
+    """Checks MPSGraph's single-gate RNN on this machine against this package's semantics.
+
+    Tiny problems (a few steps, rows and units; float32 and float16) that between them exercise
+    each fact of ``docs/semantics.md`` that is our reading of MPSGraph's undocumented behaviour
+    (reverse time order, the bidirectional layout, the mask not flipped, the activation honoured,
+    the bias gradient's shape), every activation and every optional input, through the MPSGraph
+    handler (forward, z and the gradient op), each compared in C++ with a scalar computation in
+    double. ``"auto"`` runs it once per process before it first picks MPSGraph; this runs it
+    on demand (again with ``rerun``), whatever ``JAX_SGRNN_MPS_SELF_CHECK`` says.
+
+    Returns the report: ``passed``, ``failed_fact`` (the first fact that failed, or None),
+    ``problems``, ``seconds``, and ``facts``: for each fact its ``status`` ("passed",
+    "failed" or "not checked", when a fact it builds on failed), ``statement``,
+    ``worst_error`` and ``tolerance`` (relative to the output's largest magnitude, at least 1),
+    ``where`` (the problem, output and element of the worst error) and ``comparisons``.
+
+    Raises:
+      RuntimeError: the ``mps`` backend is not available here (its ``reason`` says why).
+    """
+    global _self_check_report
+    backend = _TABLE["mps"]
+    if not backend.available:
+        raise RuntimeError(f"jax_sgrnn: MPSGraph's self-check cannot run here: the 'mps' backend "
+                           f"is not available ({backend.reason})")
+    with _self_check_lock:
+        if _self_check_report is None or rerun:
+            report = _run_mps_self_check()
+            _self_check_report = report
+            _TABLE["mps"] = dataclasses.replace(_TABLE["mps"],
+                                                self_check=_self_check_verdict(report))
+        return _self_check_report
+
+
+def _self_check_verdict(report: dict) -> str:
+    """``Backend.self_check`` of a report: "passed" or the first failed fact, with its worst
+    error."""
+    seconds = f"{report['problems']} problems, {report['seconds']:.3g} s"
+    fact = report["failed_fact"]
+    if fact is None:
+        return f"passed ({seconds})"
+    facts = report["facts"][fact]
+    return (f"failed: {fact} (worst error {facts['worst_error']:.3g}, tolerance "
+            f"{facts['tolerance']:.3g}; {facts['where']}; {seconds})")
+
+
+def _mps_trusted(automatic: bool) -> bool:
+    """Whether calls may be routed to MPSGraph: its self-check passed (run now, the first time)
+    or is turned off. On a failure, warns once per kind of choice (``automatic`` or
+    ``set_cpu_backend("mps")``)."""
+    if os.environ.get(_SELF_CHECK_ENV, "1") == "0":
+        if _TABLE["mps"].self_check == "not run":
+            _TABLE["mps"] = dataclasses.replace(
+                _TABLE["mps"], self_check=f"off ({_SELF_CHECK_ENV}=0: the user vouches for "
+                                          "MPSGraph on this machine)")
+        return True
+    report = mps_self_check()
+    if report["passed"]:
+        return True
+    with _self_check_lock:
+        if automatic in _self_check_warned:
+            return False
+        _self_check_warned.add(automatic)
+    facts = report["facts"][report["failed_fact"]]
+    action = ("The 'auto' CPU backend uses the native C++ handler instead." if automatic else
+              "set_cpu_backend('mps') asked for it, so MPSGraph still runs: its results may be "
+              "wrong.")
+    warnings.warn(
+        f"jax_sgrnn: MPSGraph's single-gate RNN on this machine disagrees with jax_sgrnn's "
+        f"semantics: self-check fact {report['failed_fact']!r} failed ({facts['statement']}; "
+        f"worst error {facts['worst_error']:.3g} against a tolerance of "
+        f"{facts['tolerance']:.3g}: {facts['where']}). {action} Please report it to the "
+        f"jax-sgrnn issue tracker with the output of jax_sgrnn.mps_self_check() and "
+        f"jax_sgrnn.backends()['mps'], your macOS version and chip.",
+        RuntimeWarning, stacklevel=2)
+    return False
 
 
 def backend_for_platform(names: tuple[str, ...], platform: str) -> Optional[Backend]:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Compiles the MPSGraph backend's Objective-C++ (csrc/metal/*.mm), csrc/metal/mps_plan.cc and,
-# where pybind11 is installed, csrc/metal/module.cc for aarch64-macos on any machine, with the
+# Compiles the MPSGraph backend's Objective-C++ (csrc/metal/*.mm), its plain C++
+# (csrc/metal/mps_plan.cc, csrc/metal/self_check.cc) and, where pybind11 is installed,
+# csrc/metal/module.cc for aarch64-macos on any machine, with the
 # clang that the `ziglang` wheel ships, against csrc/metal/apple_sdk_decls.h (a transcription of
 # the Apple SDK declarations the handler uses) instead of Apple's frameworks. A misspelled
 # selector, a wrong argument type or a C++ error fails here; what only Apple's real headers and
@@ -49,6 +50,7 @@ for file in "${sources[@]}"; do
   compile "$file" -x objective-c++ -fobjc-arc -DSGRNN_APPLE_SDK_DECLS
 done
 compile csrc/metal/mps_plan.cc
+compile csrc/metal/self_check.cc
 # module.cc is plain C++ but needs pybind11 and Python.h (this machine's, so only a syntax-level
 # check for the Mac target); it is skipped where pybind11 is not installed.
 if PYBIND11_INCLUDE="$("$PYTHON" -c "import pybind11; print(pybind11.get_include())" \

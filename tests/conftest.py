@@ -11,6 +11,7 @@ import itertools
 import os
 import shutil
 import subprocess
+import sys
 import zlib
 from pathlib import Path
 
@@ -313,19 +314,34 @@ def spec_numpy_forward(source, recurrent_weight, input_weight=None, bias=None, i
     return y, z
 
 
-def run_cpp_unit_test(tmp_path, *sources: str) -> None:
+def run_cpp_unit_test(tmp_path, *sources: str, flags: tuple[str, ...] = ()) -> str:
     """Builds the C++ unit test ``sources`` (paths from the repository root; the first has
-    main()) with the system C++ compiler and runs it: it prints each failed check and
-    "0 of N checks failed" when all pass. Skips where there is no C++ compiler."""
+    main()) with the system C++ compiler, ``flags`` after them, and runs it: it prints each
+    failed check and "0 of N checks failed" when all pass. Returns what it wrote to stderr.
+    Skips where there is no C++ compiler."""
     cxx = shutil.which("g++") or shutil.which("c++")
     if cxx is None:
         pytest.skip("no C++ compiler (g++ or c++) on PATH")
     repo = Path(__file__).resolve().parent.parent
     binary = tmp_path / Path(sources[0]).stem
     build = subprocess.run([cxx, "-std=c++20", "-Wall", "-Werror", "-I", str(repo / "csrc"),
-                            *(str(repo / s) for s in sources), "-o", str(binary)],
+                            *(str(repo / s) for s in sources), *flags, "-o", str(binary)],
                            capture_output=True, text=True)
     assert build.returncode == 0, build.stdout + build.stderr
     run = subprocess.run([str(binary)], capture_output=True, text=True)
     assert run.returncode == 0, run.stdout + run.stderr
     assert run.stdout.startswith("0 of "), run.stdout
+    return run.stderr
+
+
+def blas_flags() -> tuple[str, ...]:
+    """Compiler flags that build and link csrc/cpu/kernels.cc outside CMake: the BLAS of
+    csrc/cpu/blas.h (scipy-openblas32, or Accelerate on macOS), kernels.cc as its baseline
+    build."""
+    if sys.platform == "darwin":
+        return ("-DSGRNN_ISA=baseline", "-framework", "Accelerate")
+    import scipy_openblas32
+
+    lib = scipy_openblas32.get_lib_dir()
+    return ("-DSGRNN_ISA=baseline", "-I", scipy_openblas32.get_include_dir(), "-L", lib,
+            "-lscipy_openblas", f"-Wl,-rpath,{lib}")

@@ -15,7 +15,9 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
+#include <iterator>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -25,6 +27,7 @@
 
 #include "metal/mps_device.h"
 #include "metal/mps_plan.h"
+#include "metal/self_check.h"
 #include "sgrnn/ffi_dispatch.h"
 #include "sgrnn/ffi_schema.h"
 #include "sgrnn/handlers.h"
@@ -188,7 +191,8 @@ NSArray<MPSGraphTensor*>* AddGradients(const Graph& g,
 
 // Builds the graph of `op` for one problem; returns "" or what went wrong. May raise an
 // NSException (MPSGraph's way to refuse), which the caller catches.
-std::string BuildGraph(Op op, const Config& c, const Dims& d, MPSDataType type, Graph& g) {
+std::string BuildGraph(Op op, const Config& c, const Dims& d, MPSDataType type, Graph& g,
+                       int* bad_output) {
   g.op = op;
   g.graph = [[MPSGraph alloc] init];
   for (int i = 0; i < mps::kOperandCount; ++i) {
@@ -214,7 +218,8 @@ std::string BuildGraph(Op op, const Config& c, const Dims& d, MPSDataType type, 
   g.slots = mps::ExpectedResults(op, c, d);
   std::vector<std::vector<int64_t>> shapes;
   for (NSUInteger i = 0; i < raw.count; ++i) shapes.push_back(FromShape(raw[i].shape));
-  if (std::string problem = mps::CheckResultShapes(op, g.slots, shapes); !problem.empty()) {
+  if (std::string problem = mps::CheckResultShapes(op, g.slots, shapes, bad_output);
+      !problem.empty()) {
     return problem;
   }
   for (size_t i = 0; i < g.slots.size(); ++i) {
@@ -229,13 +234,16 @@ std::string BuildGraph(Op op, const Config& c, const Dims& d, MPSDataType type, 
 // (so at most one MPSGraph is being built at a time) and only a complete one is inserted.
 class GraphCache {
  public:
-  // Returns the graph, or nullptr with `problem` set when it could not be built.
-  Graph* Get(const mps::GraphKey& key, const Config& c, const Dims& d, std::string* problem) {
+  // Returns the graph, or nullptr with `problem` set when it could not be built (and
+  // `bad_output`, when given, set to the schema output whose shape was wrong, or -1).
+  Graph* Get(const mps::GraphKey& key, const Config& c, const Dims& d, std::string* problem,
+             int* bad_output = nullptr) {
     std::lock_guard<std::mutex> lock(mutex_);
     auto found = graphs_.find(key);
     if (found != graphs_.end()) return found->second.get();
     auto graph = std::make_unique<Graph>();
-    *problem = BuildGraph(key.op, c, d, static_cast<MPSDataType>(key.mps_data_type), *graph);
+    *problem = BuildGraph(key.op, c, d, static_cast<MPSDataType>(key.mps_data_type), *graph,
+                          bad_output);
     if (!problem->empty()) return nullptr;
     return graphs_.emplace(key, std::move(graph)).first->second.get();
   }
@@ -355,12 +363,13 @@ int64_t OutputOffset(Op op, int output, const GroupOffsets& at) {
   return offsets[output];
 }
 
-// Runs the graph on group g's slices and waits for the GPU.
-ffi::Error RunGroup(const Gpu& gpu, Graph& g, const CheckedDims& checked, mps::ElementType type,
-                    const CallBuffers& call, const GroupOffsets& at) {
+// Encodes the graph on group g's slices into `commands`; `io` holds the group's buffers until
+// the command buffer has completed.
+void EncodeGroup(Graph& g, const CheckedDims& checked, mps::ElementType type,
+                 const CallBuffers& call, const GroupOffsets& at, RunBuffers& io,
+                 MPSCommandBuffer* commands) {
   const Dims& d = checked.dims;
   const int64_t* mask_tnh = checked.mask_shape + 1;
-  RunBuffers io(gpu.device, static_cast<MPSDataType>(type.mps_data_type));
   NSMutableDictionary<MPSGraphTensor*, MPSGraphTensorData*>* feeds =
       [NSMutableDictionary dictionaryWithCapacity:mps::kOperandCount];
   for (int i = 0; i < mps::kOperandCount; ++i) {
@@ -388,16 +397,26 @@ ffi::Error RunGroup(const Gpu& gpu, Graph& g, const CheckedDims& checked, mps::E
                                  g.result_shapes[i])
                 forKey:g.results[i]];
   }
+  [g.graph encodeToCommandBuffer:commands
+                           feeds:feeds
+                targetOperations:nil
+               resultsDictionary:results
+             executionDescriptor:nil];
+}
 
+// Runs the graph on every group: all encoded into one command buffer, one wait.
+ffi::Error RunGroups(const Gpu& gpu, Graph& g, const CheckedDims& checked, mps::ElementType type,
+                     const CallBuffers& call) {
+  std::vector<std::unique_ptr<RunBuffers>> buffers;
   MPSCommandBuffer* commands;
   {
     std::lock_guard<std::mutex> lock(g.run);
     commands = [MPSCommandBuffer commandBufferFromCommandQueue:gpu.queue];
-    [g.graph encodeToCommandBuffer:commands
-                             feeds:feeds
-                  targetOperations:nil
-                 resultsDictionary:results
-               executionDescriptor:nil];
+    for (int64_t group = 0; group < checked.G; ++group) {
+      buffers.push_back(
+          std::make_unique<RunBuffers>(gpu.device, static_cast<MPSDataType>(type.mps_data_type)));
+      EncodeGroup(g, checked, type, call, checked.Group(group), *buffers.back(), commands);
+    }
     [commands commit];
     [commands waitUntilCompleted];
   }
@@ -405,7 +424,7 @@ ffi::Error RunGroup(const Gpu& gpu, Graph& g, const CheckedDims& checked, mps::E
     return Fail(ffi::ErrorCode::kInternal,
                 "the Metal command buffer failed: " + Utf8(commands.error.localizedDescription));
   }
-  io.CopyOutStaged();
+  for (const auto& io : buffers) io->CopyOutStaged();
   return ffi::Error::Success();
 }
 
@@ -434,11 +453,7 @@ ffi::Error Run(Op op, const Config& c, const CheckedDims& checked, ffi::DataType
       Graph* graph = Cache().Get(mps::MakeGraphKey(op, c, checked.dims, type->mps_data_type), c,
                                  checked.dims, &problem);
       if (!graph) return Fail(ffi::ErrorCode::kInternal, problem);
-      for (int64_t g = 0; g < checked.G; ++g) {
-        ffi::Error status = RunGroup(gpu, *graph, checked, *type, call, checked.Group(g));
-        if (status.failure()) return status;
-      }
-      return ffi::Error::Success();
+      return RunGroups(gpu, *graph, checked, *type, call);
     } @catch (NSException* e) {
       return Fail(ffi::ErrorCode::kInternal,
                   "MPSGraph raised " + Utf8(e.name) + ": " + Utf8(e.reason));
@@ -508,6 +523,86 @@ ffi::Error GradientsImpl(ffi::AnyBuffer x, ffi::AnyBuffer R, ffi::AnyBuffer dy, 
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MpsForward, ForwardImpl, BindForward());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MpsGradients, GradientsImpl, BindGradients());
+
+namespace {
+
+// The self-check's runner: one problem through the path an XLA call takes (the graph cache,
+// the buffers, Run), on copies of its operands in the problem's precision.
+class MpsRunner : public mps::Runner {
+ public:
+  mps::RunError Run(Op op, const Config& c, const Dims& d, mps::Precision precision,
+                    const mps::RunOperands& in, const mps::RunOutputs& out) override {
+    const bool half = precision == mps::Precision::kFloat16;
+    const ffi::DataType dtype = half ? ffi::DataType::F16 : ffi::DataType::F32;
+    const size_t element_bytes = half ? 2 : 4;
+    CheckedDims checked;
+    checked.dims = d;
+    const int64_t mask_elements = in.mask_tnh[0] * in.mask_tnh[1] * in.mask_tnh[2];
+    for (int a = 0; a < 3; ++a) checked.mask_shape[a + 1] = in.mask_tnh[a];
+
+    std::vector<std::vector<char>> storage;  // every operand and output, in `dtype`
+    auto buffer = [&](int64_t elements) {
+      storage.emplace_back(static_cast<size_t>(elements) * element_bytes);
+      return storage.back().data();
+    };
+    storage.reserve(mps::kOperandCount + kMaxOutputs);
+    CallBuffers call;
+    const float* operands[mps::kOperandCount] = {in.x, in.R, in.W, in.b, in.h0, in.mask, in.dy,
+                                                 in.z};  // Operand's order
+    for (int i = 0; i < mps::kOperandCount; ++i) {
+      const auto operand = static_cast<Operand>(i);
+      if (!mps::OperandPresent(op, operand, c)) continue;
+      const int64_t elements = operand == Operand::kMask
+                                   ? mask_elements
+                                   : mps::ElementCount(mps::PlaceholderShape(operand, c, d));
+      void* data = buffer(elements);
+      mps::StoreAs(precision, operands[i], elements, data);
+      call.operands[i] = data;
+    }
+    float* outputs[kMaxOutputs] = {};
+    if (op == Op::kForward) {
+      outputs[0] = out.y;
+      outputs[1] = out.z;
+    } else {
+      float* gradients[] = {out.dx, out.dR, out.dW, out.db, out.dh0};
+      std::copy(std::begin(gradients), std::end(gradients), outputs);
+    }
+    const std::vector<mps::ResultSlot> slots = mps::ExpectedResults(op, c, d);
+    for (const mps::ResultSlot& slot : slots) {
+      call.outputs[slot.output] = buffer(slot.elements);
+      call.output_bytes[slot.output] = static_cast<size_t>(slot.elements) * element_bytes;
+    }
+
+    // Built first, so that a result of the wrong shape is reported against its output.
+    std::string problem;
+    int bad_output = -1;
+    @try {
+      if (!Cache().Get(mps::MakeGraphKey(op, c, d, mps::ElementTypeFor(
+                                                       static_cast<int32_t>(dtype))->mps_data_type),
+                       c, d, &problem, &bad_output)) {
+        return {problem, bad_output};
+      }
+    } @catch (NSException* e) {
+      return {"MPSGraph raised " + Utf8(e.name) + ": " + Utf8(e.reason), -1};
+    }
+    if (ffi::Error status = sgrnn::Run(op, c, checked, dtype, call); status.failure()) {
+      return {status.message(), -1};
+    }
+    for (const mps::ResultSlot& slot : slots) {
+      mps::LoadFrom(precision, call.outputs[slot.output], slot.elements, outputs[slot.output]);
+    }
+    return {};
+  }
+};
+
+}  // namespace
+
+mps::Report MpsSelfCheck() {
+  @autoreleasepool {
+    MpsRunner runner;
+    return mps::RunSelfCheck(runner);
+  }
+}
 
 std::string MpsDeviceName() {
   @autoreleasepool {

@@ -152,14 +152,18 @@ const char* OutputName(Op op, int output) {
 }
 
 std::string CheckResultShapes(Op op, const std::vector<ResultSlot>& expected,
-                              const std::vector<std::vector<int64_t>>& shapes) {
+                              const std::vector<std::vector<int64_t>>& shapes, int* output) {
   const char* what = op == Op::kForward ? "singleGateRNN" : "singleGateRNNGradients";
+  int at_fault = -1;
+  if (output == nullptr) output = &at_fault;
+  *output = -1;
   if (shapes.size() != expected.size()) {
     return std::string("MPSGraph's ") + what + " returned " + std::to_string(shapes.size()) +
            " results, expected " + std::to_string(expected.size());
   }
   for (size_t i = 0; i < shapes.size(); ++i) {
     const std::string name = OutputName(op, expected[i].output);
+    *output = expected[i].output;
     bool known = !shapes[i].empty();
     for (int64_t s : shapes[i]) known = known && s >= 0;
     if (!known) {
@@ -172,6 +176,7 @@ std::string CheckResultShapes(Op op, const std::vector<ResultSlot>& expected,
              std::to_string(expected[i].elements);
     }
   }
+  *output = -1;
   return "";
 }
 

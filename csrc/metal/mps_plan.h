@@ -130,9 +130,11 @@ const char* OutputName(Op op, int output);
 
 // Checks the shapes MPSGraph reports for its results against `expected`. A negative dimension
 // (dynamic) or an empty shape (unranked) counts as unknown and is refused: reshaping a tensor
-// of the wrong size aborts inside MPSGraph instead of raising. Returns "" or what is wrong.
+// of the wrong size aborts inside MPSGraph instead of raising. Returns "" or what is wrong;
+// `output`, when given, gets the schema output at fault (-1: the number of results).
 std::string CheckResultShapes(Op op, const std::vector<ResultSlot>& expected,
-                              const std::vector<std::vector<int64_t>>& shapes);
+                              const std::vector<std::vector<int64_t>>& shapes,
+                              int* output = nullptr);
 
 }  // namespace sgrnn::mps
 

@@ -5,7 +5,6 @@
 #define JAX_SGRNN_CORE_H_
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -107,6 +106,16 @@ struct MaskView {
   }
 };
 
+// std::bit_cast, which libc++ lacks before LLVM 14 (Xcode 14's SDK, the oldest this package
+// supports on macOS); compilers turn the copy into a register move.
+template <typename To, typename From>
+SGRNN_HOST_DEVICE inline To BitCast(const From& from) {
+  static_assert(sizeof(To) == sizeof(From), "BitCast between types of different sizes");
+  To to;
+  __builtin_memcpy(&to, &from, sizeof(To));
+  return to;
+}
+
 // a / b in the activations' rational forms, where b lies in [2^-8, 2^8]. On the GPU it is a
 // reciprocal instruction and a multiply (within 2 ulp) instead of an IEEE division, which
 // takes a dozen instructions and a slow-path branch on the recurrence's critical path.
@@ -163,7 +172,7 @@ SGRNN_HOST_DEVICE inline ExpParts<float> ExpNonPositiveParts(float x) {
   const float xc = x < -104.0f ? -104.0f : x;  // keeps NaN
   const float shifted = xc * 1.44269504088896341f + kRound;
   const float n = shifted - kRound;
-  const int32_t ni = std::bit_cast<int32_t>(shifted) - std::bit_cast<int32_t>(kRound);
+  const int32_t ni = BitCast<int32_t>(shifted) - BitCast<int32_t>(kRound);
   const float r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;  // xc - n ln2, in two parts
   float p = 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
@@ -173,8 +182,8 @@ SGRNN_HOST_DEVICE inline ExpParts<float> ExpNonPositiveParts(float x) {
   p = p * r + 5.0000001201e-1f;
   const float r_expm1 = p * r * r + r;  // e^r - 1
   const int32_t half = ni / 2;  // ni in [-150, 0]: both factors are normal floats
-  const float scale_a = std::bit_cast<float>(static_cast<uint32_t>(half + 127) << 23);
-  const float scale_b = std::bit_cast<float>(static_cast<uint32_t>(ni - half + 127) << 23);
+  const float scale_a = BitCast<float>(static_cast<uint32_t>(half + 127) << 23);
+  const float scale_b = BitCast<float>(static_cast<uint32_t>(ni - half + 127) << 23);
   const float scale = scale_a * scale_b;  // 2^n, or 0 below 2^-149 (then e^x - 1 is -1)
   return {(r_expm1 + 1.0f) * scale_a * scale_b, scale * r_expm1 + (scale - 1.0f)};
 }

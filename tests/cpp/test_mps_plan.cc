@@ -256,10 +256,11 @@ void TestGradientResults() {
 
       auto fewer = shapes;
       fewer.pop_back();
-      const std::string count_error = CheckResultShapes(Op::kGradients, got, fewer);
+      int at_fault = 0;
+      const std::string count_error = CheckResultShapes(Op::kGradients, got, fewer, &at_fault);
       Check(count_error.find("returned " + std::to_string(fewer.size()) + " results") !=
-                std::string::npos,
-            "a missing result is an error " + tag + ": " + count_error);
+                    std::string::npos && at_fault == -1,
+            "a missing result is an error of no one output " + tag + ": " + count_error);
       auto more = shapes;
       more.push_back({1});
       Check(!CheckResultShapes(Op::kGradients, got, more).empty(),
@@ -267,9 +268,12 @@ void TestGradientResults() {
 
       auto wrong = shapes;
       wrong.back().back() += 1;
-      const std::string size_error = CheckResultShapes(Op::kGradients, got, wrong);
-      Check(size_error.find(OutputName(Op::kGradients, got.back().output)) != std::string::npos,
+      const std::string size_error = CheckResultShapes(Op::kGradients, got, wrong, &at_fault);
+      Check(size_error.find(OutputName(Op::kGradients, got.back().output)) != std::string::npos &&
+                at_fault == got.back().output,
             "a wrong size names the output " + tag + ": " + size_error);
+      CheckResultShapes(Op::kGradients, got, shapes, &at_fault);
+      Check(at_fault == -1, "no output at fault when the shapes are right " + tag);
 
       auto dynamic = shapes;
       dynamic[0][0] = -1;
