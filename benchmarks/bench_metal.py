@@ -7,7 +7,8 @@ timed) after warm-up, bench_cpu.py's `median_seconds`. Before timing a shape, th
 that the mps program's lowered HLO calls the mps FFI targets (not the native ones) and that its
 results agree with the native handler's.
 
-Prints the machine (OS, chip, Metal device, jax version, date), then a markdown table: times in
+Prints the machine (OS, chip, Metal device, jax version, date), the verdict of MPSGraph's
+self-check per fact (``jax_sgrnn.mps_self_check``), then a markdown table: times in
 ms, the mps handler's GFLOP/s, and the ratios "vs native" (native time / mps time) and
 "vs scan" (scan time / mps time): above 1 means MPSGraph is faster. A progress bar (tqdm, on
 stderr) counts the measurements.
@@ -146,6 +147,18 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def self_check_table(report: dict) -> str:
+    """MPSGraph's self-check (jax_sgrnn.mps_self_check): each fact's verdict and worst error."""
+    verdict = "passed" if report["passed"] else f"FAILED: {report['failed_fact']}"
+    lines = [f"MPSGraph self-check: {verdict} ({report['problems']} problems, "
+             f"{report['seconds']:.3f} s)", "",
+             "| fact | status | worst error | tolerance | where |", "|---|---|---:|---:|---|"]
+    for name, fact in report["facts"].items():
+        lines.append(f"| {name} | {fact['status']} | {fact['worst_error']:.3g} | "
+                     f"{fact['tolerance']:.3g} | {fact['where']} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", nargs="+", default=DEFAULT_SHAPES, help="T,N,I,H ...")
@@ -168,6 +181,9 @@ def main(argv=None) -> int:
           f"jaxlib {info['jaxlib']}, jax_sgrnn {info['jax_sgrnn']}")
     print(f"{info['method']}. Ratios: native or scan time / mps time (> 1: MPSGraph faster).",
           flush=True)
+    report = jax_sgrnn.mps_self_check()
+    info["self_check"] = report
+    print(self_check_table(report), flush=True)
 
     rows = []
     bar = progress(2 * len(IMPLS) * len(args.shapes), not args.no_progress)

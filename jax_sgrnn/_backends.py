@@ -236,10 +236,12 @@ def get_cpu_backend() -> str:
 def set_cpu_backend(name: str) -> contextlib.AbstractContextManager[None]:
     """Chooses which handler runs the ops on the ``cpu`` platform, from now on.
 
-    ``"auto"`` (the default, or ``$JAX_SGRNN_CPU_BACKEND``): MPSGraph when its extension loaded
-    and a Metal device exists, else native. ``"native"``: the C++ handler. ``"mps"``: the
-    MPSGraph handler; this lowers on any OS (only the FFI targets change), and running it where
-    the handler is not available fails with an error naming the backend. float64 always runs on
+    ``"auto"`` (the default, or ``$JAX_SGRNN_CPU_BACKEND``): MPSGraph when its extension loaded,
+    a Metal device exists and its self-check passed (:func:`mps_self_check`, run the first time
+    a call would go to MPSGraph), else native. ``"native"``: the C++ handler. ``"mps"``: the
+    MPSGraph handler, even when its self-check failed (with a warning naming the fact); this
+    lowers on any OS (only the FFI targets change), and running it where the handler is not
+    available fails with an error naming the backend. float64 always runs on
     the native handler (Metal has no float64). ``"scan"``: no handler, the ``lax.scan``
     decomposition that other platforms run.
 

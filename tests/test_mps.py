@@ -11,8 +11,7 @@ targets (and for the absence of the native ones), then that very lowering is com
 handler or the ``lax.scan`` decomposition. Target names come from
 ``jax_sgrnn.backends()[name].targets``.
 
-The ``test_mpsgraph_fact_*`` tests check, one each, the facts that the spec
-(``/work/shared/spec/single-gate-rnn.md``; ``docs/semantics.md`` in this repository) marks
+The ``test_mpsgraph_fact_*`` tests check, one each, the facts that ``docs/semantics.md`` marks
 [impl]: read off the shipped framework, never yet confirmed on Apple hardware. A failure names
 the fact MPSGraph contradicts. Each compares with ``spec_numpy_forward`` (plain numpy loops,
 independent of jax_sgrnn) or the reference on fresh random data, and first checks that the
@@ -257,6 +256,17 @@ def test_backend_record_describes_a_usable_metal_device():
     assert isinstance(MPS.device, str) and MPS.device, MPS.device
     assert set(MPS.targets) == {"forward", "gradients"}
     assert set(MPS.targets.values()).isdisjoint(NATIVE.targets.values())
+
+
+def test_self_check_passes_on_this_machine():
+    """MPSGraph agrees with the semantics on every fact of the self-check (a failure here is
+    the same finding as a failed test_mpsgraph_fact_* below, named by the check itself), and
+    the check is cheap enough to run at the first call."""
+    report = jax_sgrnn.mps_self_check(rerun=True)
+    failed = {name: fact for name, fact in report["facts"].items() if fact["status"] != "passed"}
+    assert report["passed"] and not failed, failed
+    assert report["seconds"] < 1.0, report["seconds"]
+    assert jax_sgrnn.backends()["mps"].self_check.startswith("passed")
 
 
 def test_set_cpu_backend_context_manager_and_plain_call(rng):
@@ -639,7 +649,7 @@ def test_empty_time_or_batch_in_a_subprocess(tmp_path):
 
 # ------------------------------------------- the spec's [impl] facts, one test each
 #
-# SPEC = /work/shared/spec/single-gate-rnn.md (mirrored in docs/semantics.md).
+# docs/semantics.md is the contract.
 
 
 def _fact_inputs(rng, T=6, N=3, I=4, H=5, **kw):

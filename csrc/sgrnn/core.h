@@ -1,6 +1,6 @@
 // Backend-independent rules of the single-gate RNN: flags, sizes, time order, mask
 // broadcasting and the activations. Every handler (CPU, CUDA, MPSGraph) shares these; none of
-// this depends on XLA. See shared/spec/single-gate-rnn.md for the semantics.
+// this depends on XLA. docs/semantics.md is the contract.
 #ifndef JAX_SGRNN_CORE_H_
 #define JAX_SGRNN_CORE_H_
 
