@@ -109,7 +109,7 @@ def run_table(shapes, repeats: int, have_torch: bool, title: str) -> list[dict]:
         args = (x, R, W, b, h0)
         timers = {"op": jax_timers(jax_sgrnn.single_gate_rnn, args, c),
                   "plain": jax_timers(plain_scan, args, c)}
-        with jax_sgrnn.use_cuda_handler(False):
+        with jax_sgrnn.cuda_handler(False):
             timers["decomp"] = jax_timers(jax_sgrnn.single_gate_rnn, args, c)
         if have_torch:
             timers["torch"] = torch_timers(args, c)

@@ -98,13 +98,13 @@ def check_mps_programs(mps_fns, native_fns, args) -> None:
     b = jax_sgrnn.backends()
     mps_targets, native_targets = set(b["mps"].targets.values()), set(b["native"].targets.values())
     for name, f_mps, f_native in zip(("forward", "forward+backward"), mps_fns, native_fns):
-        with jax_sgrnn.set_cpu_backend("mps"):
+        with jax_sgrnn.cpu_backend("mps"):
             calls = custom_call_targets(f_mps.lower(*args).as_text())
             got = jax.block_until_ready(f_mps(*args))
         if not calls or not calls <= mps_targets or calls & (native_targets - mps_targets):
             raise SystemExit(f"{name}: the mps program calls {sorted(calls)}, not the mps "
                              f"targets {sorted(mps_targets)}: the timings would not be MPSGraph's")
-        with jax_sgrnn.set_cpu_backend("native"):
+        with jax_sgrnn.cpu_backend("native"):
             want = jax.block_until_ready(f_native(*args))
         for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
             w = np.asarray(w, np.float64)
@@ -201,7 +201,7 @@ def main(argv=None) -> int:
                     bar.set_postfix_str(f"{spec} {name} {label}")
                     fn = fns[label][i]
                     # The choice is part of jit's cache key: the warm-up compiles under it.
-                    with jax_sgrnn.set_cpu_backend(backend):
+                    with jax_sgrnn.cpu_backend(backend):
                         t[label] = median_seconds(
                             lambda fn=fn: jax.block_until_ready(fn(*data)), args.repeats)
                     bar.update()

@@ -8,8 +8,8 @@ are available here.
 
 from importlib.metadata import PackageNotFoundError, version
 
-from ._backends import (Backend, backends, get_cpu_backend, mps_self_check, set_cpu_backend,
-                        use_cuda_handler)
+from ._backends import (Backend, backends, cpu_backend, cuda_handler, get_cpu_backend,
+                        mps_self_check, set_cpu_backend, use_cuda_handler)
 from ._spec import Activation, SingleGateRNNDescriptor
 from .ops import single_gate_rnn, single_gate_rnn_gradients
 from .reference import reference, reference_gradients
@@ -20,6 +20,8 @@ __all__ = [
     "NATIVE_PLATFORMS",
     "SingleGateRNNDescriptor",
     "backends",
+    "cpu_backend",
+    "cuda_handler",
     "get_cpu_backend",
     "mps_self_check",
     "reference",

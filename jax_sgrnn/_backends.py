@@ -27,14 +27,14 @@ import sys
 import threading
 import warnings
 from types import MappingProxyType
-from typing import Callable, Iterator, Mapping, Optional
+from typing import Callable, Mapping, Optional
 
 import jax
 import numpy as np
 from jax._src import config as jax_config  # enum_state: a jit-keyed, env-backed option
 
-__all__ = ["Backend", "backends", "get_cpu_backend", "mps_self_check", "set_cpu_backend",
-           "use_cuda_handler"]
+__all__ = ["Backend", "backends", "cpu_backend", "cuda_handler", "get_cpu_backend",
+           "mps_self_check", "set_cpu_backend", "use_cuda_handler"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,8 +233,9 @@ def get_cpu_backend() -> str:
     return _cpu_backend.value
 
 
-def set_cpu_backend(name: str) -> contextlib.AbstractContextManager[None]:
-    """Chooses which handler runs the ops on the ``cpu`` platform, from now on.
+def set_cpu_backend(name: str) -> "_ProcessWideSetting":
+    """Chooses which handler runs the ops on the ``cpu`` platform, process-wide, from now on
+    (as ``jax.config.update`` does; :func:`cpu_backend` chooses for one block in one thread).
 
     ``"auto"`` (the default, or ``$JAX_SGRNN_CPU_BACKEND``): MPSGraph when its extension loaded,
     a Metal device exists and its self-check passed (:func:`mps_self_check`, run the first time
@@ -245,27 +246,44 @@ def set_cpu_backend(name: str) -> contextlib.AbstractContextManager[None]:
     the native handler (Metal has no float64). ``"scan"``: no handler, the ``lax.scan``
     decomposition that other platforms run.
 
-    Returns a context manager that restores the previous choice on exit, so it also works as
-    ``with jax_sgrnn.set_cpu_backend("mps"): ...``. The choice is read when a function is traced
-    and is part of ``jax.jit``'s cache key.
+    The choice is read when a function is traced and is part of ``jax.jit``'s cache key. Like
+    any process-wide JAX setting, change it while no other thread is tracing.
     """
-    return _set_option(_cpu_backend, _check_choice(name, "set_cpu_backend"))
+    return _set_process_wide(_cpu_backend, _check_choice(name, "set_cpu_backend"),
+                             "set_cpu_backend", "cpu_backend")
 
 
-def _set_option(option, value) -> contextlib.AbstractContextManager[None]:
-    """Sets a JAX config option from now on; returns a context manager that restores the
-    previous value on exit."""
+def cpu_backend(name: str) -> contextlib.AbstractContextManager[None]:
+    """``with jax_sgrnn.cpu_backend(name): ...`` chooses the ``cpu`` handler (the names of
+    :func:`set_cpu_backend`) inside the block, in the calling thread only, as JAX's own config
+    context managers do: other threads, and functions they trace meanwhile, keep theirs."""
+    return _cpu_backend(_check_choice(name, "cpu_backend"))
+
+
+class _ProcessWideSetting:
+    """What the process-wide setters return. Entering it is a mistake the old API invited (a
+    ``with`` block that changed the choice for every thread): it undoes the setting and says
+    which context manager scopes a choice to a block."""
+
+    def __init__(self, option, previous, value, setter: str, scoped: str):
+        self._option, self._previous, self._value = option, previous, value
+        self._setter, self._scoped = setter, scoped
+
+    def __enter__(self):
+        if self._option.value == self._value:
+            jax.config.update(self._option.name, self._previous)
+        raise TypeError(f"{self._setter}(...) sets the process-wide choice and is not a context "
+                        f"manager (it was undone): for a choice inside a `with` block, in this "
+                        f"thread only, use `with jax_sgrnn.{self._scoped}({self._value!r}):`")
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _set_process_wide(option, value, setter: str, scoped: str) -> "_ProcessWideSetting":
     previous = option.value
     jax.config.update(option.name, value)
-
-    @contextlib.contextmanager
-    def restore() -> Iterator[None]:
-        try:
-            yield
-        finally:
-            jax.config.update(option.name, previous)
-
-    return restore()
+    return _ProcessWideSetting(option, previous, value, setter, scoped)
 
 
 # Whether the cuda platform uses the CUDA handler (when built); off: the decomposition, to
@@ -276,11 +294,24 @@ _cuda_handler = jax_config.bool_state(
     include_in_jit_key=True, include_in_trace_context=True)
 
 
-def use_cuda_handler(on: bool) -> contextlib.AbstractContextManager[None]:
+def _check_on(on, where: str) -> bool:
+    if not isinstance(on, (bool, np.bool_)):  # bool("false") is True
+        raise TypeError(f"{where}: expected True or False, got {on!r}")
+    return bool(on)
+
+
+def use_cuda_handler(on: bool) -> "_ProcessWideSetting":
     """Turns the CUDA handler on (the default where the package was built with it) or off
-    (the ``lax.scan`` decomposition runs on NVIDIA GPUs instead), from now on; returns a
-    context manager that restores the previous setting, like ``set_cpu_backend``."""
-    return _set_option(_cuda_handler, bool(on))
+    (the ``lax.scan`` decomposition runs on NVIDIA GPUs instead), process-wide, from now on;
+    :func:`cuda_handler` does it for one block in one thread."""
+    return _set_process_wide(_cuda_handler, _check_on(on, "use_cuda_handler"),
+                             "use_cuda_handler", "cuda_handler")
+
+
+def cuda_handler(on: bool) -> contextlib.AbstractContextManager[None]:
+    """``with jax_sgrnn.cuda_handler(False): ...`` turns the CUDA handler off (or on) inside the
+    block, in the calling thread only."""
+    return _cuda_handler(_check_on(on, "cuda_handler"))
 
 
 @functools.cache

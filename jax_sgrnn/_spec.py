@@ -32,6 +32,10 @@ class Activation(enum.IntEnum):
         """Accepts an Activation, its lower-case name (``"tanh"``) or its MPSGraph number."""
         if isinstance(value, cls):
             return value
+        if isinstance(value, jax.core.Tracer):
+            raise TypeError(f"activation: must be static (an Activation, its name or its number, "
+                            f"known when the function is traced), got the traced value {value!r}; "
+                            f"pass it to jax.jit as a static argument (static_argnames)")
         if isinstance(value, str):
             try:
                 return cls[value.upper()]
@@ -213,6 +217,17 @@ def check_dtypes(**arrays) -> np.dtype:
             raise TypeError(f"{name}: dtype {dt} does not match source's {dtype}; "
                             "all float inputs must share one dtype")
     return dtype
+
+
+def as_arrays(*inputs, seq_lengths=None) -> tuple[list, object]:
+    """The user's array-likes (lists, scalars, NumPy or JAX arrays) as JAX arrays, None staying
+    None; and ``seq_lengths`` as given (a JAX array or tracer kept, anything else as a NumPy
+    array), so that concrete lengths are validated before JAX converts them: with x64 off JAX
+    would first narrow int64 lengths to int32."""
+    arrays = [None if a is None else jnp.asarray(a) for a in inputs]
+    if seq_lengths is not None and not isinstance(seq_lengths, (jax.Array, jax.core.Tracer)):
+        seq_lengths = np.asarray(seq_lengths)
+    return arrays, seq_lengths
 
 
 def shape_of(a) -> Optional[Shape]:

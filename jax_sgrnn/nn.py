@@ -371,7 +371,13 @@ class StackedSingleGateRNN(nnx.Module):
                 shape = [1, 1, layer.out_features]
                 shape[batch_axis] = x.shape[batch_axis]
                 keep = self.recurrent_dropout(jnp.ones(shape, layer.param_dtype))
-                layer_mask = keep if mask is None else keep * mask
+                if mask is not None:
+                    # One explicit dtype, so that a bool or half mask also works under strict
+                    # dtype promotion (the product's dtype is the standard promotion's).
+                    with jax.numpy_dtype_promotion("standard"):
+                        common = jnp.promote_types(keep.dtype, mask.dtype)
+                    keep = keep.astype(common) * mask.astype(common)
+                layer_mask = keep
             h0 = None if init_state is None else init_state[i]
             x, h_n = layer(x, h0, layer_mask, seq_lengths=lengths, return_state=True)
             states.append(h_n)

@@ -15,8 +15,8 @@ from jax.custom_derivatives import SymbolicZero, custom_vjp_primal_tree_values
 from . import _lowering  # noqa: F401  (registers the lowerings)
 from ._backends import backends_for
 from ._primitives import OpConfig, forward_p, gradients_p
-from ._spec import (Activation, SingleGateRNNDescriptor, compute_dtype, resolve_descriptor,
-                    seq_lengths_operand, validate)
+from ._spec import (Activation, SingleGateRNNDescriptor, as_arrays, compute_dtype,
+                    resolve_descriptor, seq_lengths_operand, validate)
 from .reference import reference
 
 ArrayLike = jax.typing.ArrayLike
@@ -28,10 +28,10 @@ def _normalise(source, recurrent_weight, input_weight, bias, init_state, mask, s
     set it), x, R, the optional inputs (in ``OPTIONAL_NAMES`` order, None where absent; the
     mask normalised: rank 3, compute dtype, no gradient; the lengths int32 in [0, T]) and the
     state arrays."""
-    arr = lambda a: None if a is None else jnp.asarray(a)
-    x, R, W, b, h0, m, lengths = map(arr, (source, recurrent_weight, input_weight, bias,
-                                           init_state, mask, seq_lengths))
-    state_arrays = [(n, arr(a)) for n, a in state_arrays]
+    (x, R, W, b, h0, m, *states), lengths = as_arrays(
+        source, recurrent_weight, input_weight, bias, init_state, mask,
+        *(a for _, a in state_arrays), seq_lengths=seq_lengths)
+    state_arrays = list(zip((n for n, _ in state_arrays), states))
     dtype, dims = validate(x, R, W, b, h0, m, desc.bidirectional, state_arrays, lengths)
     if m is not None:
         # Converted once, straight to the dtype the computation runs in (the spec's rule).

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ._spec import (Activation, Dims, SingleGateRNNDescriptor, compute_dtype,
+from ._spec import (Activation, Dims, SingleGateRNNDescriptor, as_arrays, compute_dtype,
                     resolve_descriptor, seq_lengths_operand, validate)
 
 _HIGHEST = lax.Precision.HIGHEST
@@ -70,7 +70,7 @@ def direction_layout(descriptor: SingleGateRNNDescriptor, direction: int) -> tup
 def valid_steps(seq_lengths, T: int):
     """``[T, N, 1]`` bool: whether step (or time) k of row n is before the row's length. Padded
     positions are the same set in processing order and in source time."""
-    return (jnp.arange(T)[:, None] < seq_lengths[None, :])[..., None]
+    return (jnp.arange(T, dtype=seq_lengths.dtype)[:, None] < seq_lengths[None, :])[..., None]
 
 
 def flip_rows(a, seq_lengths):
@@ -79,7 +79,7 @@ def flip_rows(a, seq_lengths):
     lengths, the whole time axis is reversed."""
     if seq_lengths is None:
         return a[::-1]
-    k = jnp.arange(a.shape[0])[:, None]
+    k = jnp.arange(a.shape[0], dtype=seq_lengths.dtype)[:, None]
     index = jnp.where(k < seq_lengths[None, :], seq_lengths[None, :] - 1 - k, k)
     return jnp.take_along_axis(a, index[..., None], axis=0)
 
@@ -99,6 +99,10 @@ def _in_compute_dtype(source, recurrent_weight, input_weight, bias, init_state, 
     """Validates; returns (input dtype, sizes, a cast to the compute dtype, then R and h0 cast
     (h0 zeros when missing), the mask cast and broadcast to ``[T, N, D*H]`` (None when
     missing: the scans then skip it), and the lengths as int32)."""
+    (source, recurrent_weight, input_weight, bias, init_state, mask, *states), seq_lengths = (
+        as_arrays(source, recurrent_weight, input_weight, bias, init_state, mask,
+                  *(a for _, a in state_shapes), seq_lengths=seq_lengths))
+    state_shapes = list(zip((name for name, _ in state_shapes), states))
     dtype, dims = validate(source, recurrent_weight, input_weight, bias, init_state, mask,
                            descriptor.bidirectional, state_shapes, seq_lengths)
     cdt = compute_dtype(dtype)

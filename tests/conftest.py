@@ -55,14 +55,14 @@ CPU_BACKENDS = tuple(n for n, b in jax_sgrnn.backends().items()
 @pytest.fixture(params=CPU_BACKENDS)
 def cpu_backend(request) -> str:
     """Runs the test once per available cpu backend, that backend selected."""
-    with jax_sgrnn.set_cpu_backend(request.param):
+    with jax_sgrnn.cpu_backend(request.param):
         yield request.param
 
 
 @pytest.fixture
 def native_backend() -> str:
     """The native C++ handler selected (on a Mac, "auto" would pick MPSGraph)."""
-    with jax_sgrnn.set_cpu_backend("native"):
+    with jax_sgrnn.cpu_backend("native"):
         yield "native"
 
 

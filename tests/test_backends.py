@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -86,7 +87,7 @@ def test_registrations_match_the_table(name):
                                   if b.available and b.platform == "cpu"])
 def test_lowered_targets_are_the_tables(name, rng):
     inputs = make_inputs(rng, dtype=jnp.float32)
-    with jax_sgrnn.set_cpu_backend(name):
+    with jax_sgrnn.cpu_backend(name):
         text = _forward_and_grad(inputs, dict(activation="tanh"))
     targets = {re.search(r"@(\w+)", c).group(1) for c in _custom_calls(text)}
     assert targets == set(TABLE[name].targets.values())
@@ -134,32 +135,141 @@ def test_default_choice_is_auto():
 def test_auto_resolves_by_availability():
     expected = "mps" if MPS_RUNS_HERE else ("native" if TABLE["native"].available else None)
     gpu = ("cuda",) if TABLE["cuda"].available else ()  # the cuda platform's, whatever the choice
-    with jax_sgrnn.set_cpu_backend("auto"):
+    with jax_sgrnn.cpu_backend("auto"):
         assert _backends.backends_for(np.float32) == ((expected,) if expected else ()) + gpu
 
 
 @pytest.mark.skipif(MPS_RUNS_HERE, reason="MPSGraph is available here, so auto picks it")
 @requires_native
 def test_auto_picks_native_when_mps_is_unavailable(rng):
-    with jax_sgrnn.set_cpu_backend("auto"):
+    with jax_sgrnn.cpu_backend("auto"):
         text = _forward_and_grad(make_inputs(rng, dtype=jnp.float32), {})
     assert TABLE["native"].targets["forward"] in text
     assert TABLE["mps"].targets["forward"] not in text
 
 
-def test_set_cpu_backend_is_a_setter_and_a_context_manager():
+def test_cpu_backend_scopes_a_block_and_set_cpu_backend_sets_the_process():
     before = jax_sgrnn.get_cpu_backend()
-    with jax_sgrnn.set_cpu_backend("scan"):
+    with jax_sgrnn.cpu_backend("scan"):
         assert jax_sgrnn.get_cpu_backend() == "scan"
-        with jax_sgrnn.set_cpu_backend("mps"):
+        with jax_sgrnn.cpu_backend("mps"):
             assert jax_sgrnn.get_cpu_backend() == "mps"
         assert jax_sgrnn.get_cpu_backend() == "scan"
     assert jax_sgrnn.get_cpu_backend() == before
-    jax_sgrnn.set_cpu_backend("auto")  # as a plain call: stays set
+    jax_sgrnn.set_cpu_backend("auto")  # process-wide: other threads see it too
     try:
-        assert jax_sgrnn.get_cpu_backend() == "auto"
+        seen = []
+        thread = threading.Thread(target=lambda: seen.append(jax_sgrnn.get_cpu_backend()))
+        thread.start()
+        thread.join()
+        assert jax_sgrnn.get_cpu_backend() == "auto" and seen == ["auto"]
     finally:
         jax_sgrnn.set_cpu_backend(before)
+
+
+@pytest.mark.parametrize("setter, scoped, value", [("set_cpu_backend", "cpu_backend", "scan"),
+                                                    ("use_cuda_handler", "cuda_handler", False)])
+def test_a_process_wide_setter_in_a_with_statement_is_refused_and_undone(setter, scoped, value):
+    option = _backends._cpu_backend if setter == "set_cpu_backend" else _backends._cuda_handler
+    before = option.value
+    with pytest.raises(TypeError, match=rf"not a context manager \(it was undone\).*"
+                                        rf"jax_sgrnn\.{scoped}\({value!r}\)"):
+        with getattr(jax_sgrnn, setter)(value):
+            pass
+    assert option.value == before
+
+
+def _in_threads(*bodies):
+    """Runs each body in its own thread, all started together; re-raises the first error."""
+    errors = []
+
+    def run(body):
+        try:
+            body()
+        except BaseException as e:  # noqa: BLE001  (reported below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(b,)) for b in bodies]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
+@pytest.mark.parametrize("scoped, values, option", [
+    ("cpu_backend", ("scan", "mps"), "_cpu_backend"),
+    ("cuda_handler", (False, True), "_cuda_handler")])
+def test_overlapping_blocks_in_two_threads_see_only_their_own_choice(scoped, values, option):
+    """Two threads whose blocks overlap (entered and left in opposite orders) each see their
+    own choice inside, the process's outside, and leave the process's choice as it was."""
+    state = getattr(_backends, option)
+    before = state.value
+    first_in, second_in, second_out = threading.Event(), threading.Event(), threading.Event()
+    seen = {}
+
+    def first():
+        with getattr(jax_sgrnn, scoped)(values[0]):
+            first_in.set()
+            second_in.wait(5)
+            seen["first, both inside"] = state.value
+            second_out.wait(5)
+            seen["first, after second left"] = state.value
+        seen["first, after"] = state.value
+
+    def second():
+        first_in.wait(5)
+        with getattr(jax_sgrnn, scoped)(values[1]):
+            second_in.set()
+            seen["second, both inside"] = state.value
+        second_out.set()
+        seen["second, after"] = state.value
+
+    _in_threads(first, second)
+    assert seen == {"first, both inside": values[0], "first, after second left": values[0],
+                    "first, after": before, "second, both inside": values[1],
+                    "second, after": before}
+    assert state.value == before
+
+
+@requires_native
+def test_a_trace_reads_the_choice_of_its_own_thread_and_cache_key(rng):
+    """While one thread is inside `cpu_backend("scan")`, another traces and runs a function
+    under the process's choice ("native"): it lowers the native custom call, is cached under
+    "native", and keeps working afterwards; the first thread's function lowers the scan."""
+    inputs = make_inputs(rng, LOOP_T, dtype=jnp.float32)
+    f = jax.jit(lambda i: jax_sgrnn.single_gate_rnn(**i, activation="tanh"))
+    scoped_in, traced = threading.Event(), threading.Event()
+    texts = {}
+
+    def scoped():
+        with jax_sgrnn.cpu_backend("scan"):
+            scoped_in.set()
+            traced.wait(30)
+            texts["scan"] = f.lower(inputs).as_text()
+
+    def process_wide():
+        scoped_in.wait(30)
+        texts["native"] = f.lower(inputs).as_text()
+        texts["result"] = f(inputs)
+        traced.set()
+
+    _in_threads(scoped, process_wide)
+    assert TABLE["native"].targets["forward"] in texts["native"]
+    assert not _custom_calls(texts["scan"]) and "stablehlo.while" in texts["scan"]
+    want = jax_sgrnn.reference(**inputs, activation="tanh")
+    np.testing.assert_allclose(texts["result"], want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(f(inputs), want, rtol=1e-5, atol=1e-6)  # the cached program
+
+
+@pytest.mark.parametrize("bad", ["false", "0", "off", 0, 1, None])
+def test_cuda_handler_switches_take_bools_only(bad):
+    before = _backends._cuda_handler.value
+    for switch in (jax_sgrnn.use_cuda_handler, jax_sgrnn.cuda_handler):
+        with pytest.raises(TypeError, match=r"expected True or False, got " + re.escape(repr(bad))):
+            switch(bad)
+    assert _backends._cuda_handler.value == before
 
 
 def test_set_cpu_backend_rejects_unknown_names():
@@ -182,7 +292,7 @@ def test_the_choice_is_part_of_the_jit_cache_key(rng):
         return jax_sgrnn.single_gate_rnn(**inputs, activation="tanh")
 
     native = f(inputs)
-    with jax_sgrnn.set_cpu_backend("scan"):
+    with jax_sgrnn.cpu_backend("scan"):
         scan = f(inputs)
         assert "stablehlo.while" in f.lower(inputs).as_text()
     again = f(inputs)
@@ -192,7 +302,7 @@ def test_the_choice_is_part_of_the_jit_cache_key(rng):
 
 
 def test_scan_lowers_the_decomposition_on_cpu(rng):
-    with jax_sgrnn.set_cpu_backend("scan"):
+    with jax_sgrnn.cpu_backend("scan"):
         text = _forward_and_grad(make_inputs(rng, LOOP_T, dtype=jnp.float32), {})
     assert not _custom_calls(text)
     assert "stablehlo.while" in text
@@ -231,7 +341,7 @@ def test_mps_lowering_has_the_native_operands_and_attributes(rng, bi, mask):
     flags = dict(activation="sigmoid", bidirectional=bi, reverse=True)
     texts = {}
     for name in ("native", "mps"):
-        with jax_sgrnn.set_cpu_backend(name):
+        with jax_sgrnn.cpu_backend(name):
             texts[name] = _forward_and_grad(inputs, flags)
     mps_calls = _normalised_calls(texts["mps"], "mps")
     assert len(mps_calls) == 2 and all("@<" in c for c in mps_calls), texts["mps"]
@@ -253,7 +363,7 @@ def test_mps_lowering_of_the_gradients_op(rng):
 
     calls = {}
     for name in ("native", "mps"):
-        with jax_sgrnn.set_cpu_backend(name):
+        with jax_sgrnn.cpu_backend(name):
             calls[name] = _normalised_calls(_lowered(grads, inputs, z, z), name)
     assert len(calls["mps"]) == 1 and "@<gradients>" in calls["mps"][0]
     assert calls["mps"] == calls["native"]
@@ -263,7 +373,7 @@ def test_mps_lowering_of_the_gradients_op(rng):
 def test_float64_goes_to_native_whatever_is_chosen(rng):
     inputs = make_inputs(rng, dtype=jnp.float64)
     for name in ("auto", "native", "mps"):
-        with jax_sgrnn.set_cpu_backend(name):
+        with jax_sgrnn.cpu_backend(name):
             text = _forward_and_grad(inputs, {})
         assert TABLE["native"].targets["forward"] in text, name
         assert TABLE["mps"].targets["forward"] not in text, name
@@ -275,7 +385,7 @@ def test_float64_goes_to_native_whatever_is_chosen(rng):
 def test_mps_dtype_policy_in_the_lowering(rng, dtype, operand_type):
     """float16 reaches the MPSGraph handler as float16 (Metal runs it); bfloat16 is widened."""
     inputs = make_inputs(rng, dtype=jnp.dtype(dtype))
-    with jax_sgrnn.set_cpu_backend("mps"):
+    with jax_sgrnn.cpu_backend("mps"):
         text = _lowered(lambda i: jax_sgrnn.single_gate_rnn(**i), inputs)
     (call,) = _custom_calls(text)
     assert re.search(rf"tensor<4x3x5x{operand_type}>", call.split("->")[-1]), call
@@ -285,7 +395,7 @@ def test_mps_dtype_policy_in_the_lowering(rng, dtype, operand_type):
 @requires_native
 def test_running_an_unavailable_backend_fails_naming_it(rng):
     inputs = make_inputs(rng, dtype=jnp.float32)
-    with jax_sgrnn.set_cpu_backend("mps"):
+    with jax_sgrnn.cpu_backend("mps"):
         with pytest.raises(Exception, match=r"lowered for the 'mps' backend, whose handler is "
                                             r"not available in this process"):
             jax.block_until_ready(jax.jit(lambda i: jax_sgrnn.single_gate_rnn(**i))(inputs))

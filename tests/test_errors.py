@@ -156,6 +156,17 @@ def test_activation_error_lists_the_choices():
     assert "hard_sigmoid" in str(info.value)
 
 
+@pytest.mark.parametrize("fn", [op, jax_sgrnn.reference], ids=["op", "reference"])
+def test_a_traced_activation_says_it_must_be_static(fn):
+    inputs = _base()
+    with pytest.raises(TypeError, match=r"activation: must be static .*traced value.*"
+                                        r"static_argnames"):
+        jax.jit(lambda a: fn(**inputs, activation=a))(jnp.int32(2))
+    # As a static argument it works.
+    run = jax.jit(lambda a: fn(**inputs, activation=a), static_argnames="a")
+    np.testing.assert_allclose(run(a=2), fn(**inputs, activation="tanh"), rtol=1e-12)
+
+
 # ----------------------------------------------------------------- the gradients op
 
 

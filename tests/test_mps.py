@@ -118,8 +118,8 @@ def close(actual, expected, tol, err_msg=""):
 @pytest.fixture(autouse=True)
 def mps_backend():
     """Every test runs with the mps backend selected for the cpu platform; the previous choice
-    is restored afterwards (set_cpu_backend's context manager)."""
-    with jax_sgrnn.set_cpu_backend("mps"):
+    is restored afterwards (cpu_backend's context manager)."""
+    with jax_sgrnn.cpu_backend("mps"):
         assert jax_sgrnn.get_cpu_backend() == "mps"
         yield MPS
 
@@ -269,9 +269,9 @@ def test_self_check_passes_on_this_machine():
     assert jax_sgrnn.backends()["mps"].self_check.startswith("passed")
 
 
-def test_set_cpu_backend_context_manager_and_plain_call(rng):
-    """set_cpu_backend works as a plain call and as a context manager restoring the previous
-    choice; each choice shows in the lowered HLO of a fresh function."""
+def test_cpu_backend_block_and_set_cpu_backend_call(rng):
+    """cpu_backend chooses inside a block and restores the previous choice, set_cpu_backend
+    chooses process-wide; each choice shows in the lowered HLO of a fresh function."""
     inputs = make_inputs(rng, dtype=jnp.float32)
 
     def targets_now():
@@ -279,7 +279,7 @@ def test_set_cpu_backend_context_manager_and_plain_call(rng):
             jax.jit(lambda i: op(**i, activation="tanh")).lower(inputs).as_text())
 
     assert MPS.targets["forward"] in targets_now()
-    with jax_sgrnn.set_cpu_backend("native"):
+    with jax_sgrnn.cpu_backend("native"):
         assert jax_sgrnn.get_cpu_backend() == "native"
         assert targets_now() == [NATIVE.targets["forward"]]
     assert jax_sgrnn.get_cpu_backend() == "mps"
@@ -291,7 +291,7 @@ def test_set_cpu_backend_context_manager_and_plain_call(rng):
     finally:
         jax_sgrnn.set_cpu_backend("mps")
     assert targets_now() == [MPS.targets["forward"]]
-    with jax_sgrnn.set_cpu_backend("auto"):  # auto: mps, as its extension and a device exist
+    with jax_sgrnn.cpu_backend("auto"):  # auto: mps, as its extension and a device exist
         assert targets_now() == [MPS.targets["forward"]]
 
 

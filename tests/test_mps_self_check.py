@@ -78,7 +78,7 @@ def _cpu_choice(dtype=np.float32, seq_lengths=False):
 def test_auto_trusts_mps_after_a_passing_self_check(fake_mps):
     runs = fake_mps(_report())
     assert jax_sgrnn.backends()["mps"].self_check == "not run"
-    with jax_sgrnn.set_cpu_backend("auto"), warnings.catch_warnings():
+    with jax_sgrnn.cpu_backend("auto"), warnings.catch_warnings():
         warnings.simplefilter("error")
         assert _cpu_choice() == ("mps",)
         assert _cpu_choice(np.float16) == ("mps",)
@@ -90,7 +90,7 @@ def test_auto_trusts_mps_after_a_passing_self_check(fake_mps):
 @pytest.mark.parametrize("fact", FACTS)
 def test_auto_falls_back_to_native_and_warns_once_naming_the_fact(fake_mps, fact):
     runs = fake_mps(_report(fact))
-    with jax_sgrnn.set_cpu_backend("auto"):
+    with jax_sgrnn.cpu_backend("auto"):
         with pytest.warns(RuntimeWarning) as caught:
             assert _cpu_choice() == ("native",)
         with warnings.catch_warnings():
@@ -112,7 +112,7 @@ def test_auto_falls_back_to_native_and_warns_once_naming_the_fact(fake_mps, fact
 def test_auto_fallback_runs_the_native_handler(fake_mps, rng):
     fake_mps(_report("reverse_time_order"))
     inputs = make_inputs(rng, dtype=jnp.float32)
-    with jax_sgrnn.set_cpu_backend("auto"), pytest.warns(RuntimeWarning, match="native"):
+    with jax_sgrnn.cpu_backend("auto"), pytest.warns(RuntimeWarning, match="native"):
         text = lowered_text(lambda i: jax_sgrnn.single_gate_rnn(**i, reverse=True), inputs)
         y = jax.jit(lambda i: jax_sgrnn.single_gate_rnn(**i, reverse=True))(inputs)
     assert jax_sgrnn.backends()["native"].targets["forward"] in text
@@ -124,7 +124,7 @@ def test_auto_fallback_runs_the_native_handler(fake_mps, rng):
 def test_explicit_mps_still_runs_mps_but_warns_the_same_words(fake_mps, rng):
     fake_mps(_report("mask_not_flipped"))
     inputs = make_inputs(rng, dtype=jnp.float32)
-    with jax_sgrnn.set_cpu_backend("mps"), pytest.warns(RuntimeWarning) as caught:
+    with jax_sgrnn.cpu_backend("mps"), pytest.warns(RuntimeWarning) as caught:
         text = lowered_text(lambda i: jax_sgrnn.single_gate_rnn(**i), inputs)
     assert jax_sgrnn.backends()["mps"].targets["forward"] in text
     (warning,) = caught
@@ -138,10 +138,10 @@ def test_the_check_runs_only_when_mps_would_serve_the_call(fake_mps):
     runs = fake_mps(_report("activation"))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        with jax_sgrnn.set_cpu_backend("auto"):
+        with jax_sgrnn.cpu_backend("auto"):
             assert _cpu_choice(np.float64) == ("native",)  # handed to native: no check
             assert _cpu_choice(np.float32, seq_lengths=True) == ()  # the decomposition
-        with jax_sgrnn.set_cpu_backend("native"):
+        with jax_sgrnn.cpu_backend("native"):
             assert _cpu_choice() == ("native",)
     assert runs == []
     assert jax_sgrnn.backends()["mps"].self_check == "not run"
@@ -151,7 +151,7 @@ def test_the_check_runs_only_when_mps_would_serve_the_call(fake_mps):
 def test_environment_variable_turns_the_check_off(fake_mps, monkeypatch):
     runs = fake_mps(_report("bidirectional_layout"))
     monkeypatch.setenv("JAX_SGRNN_MPS_SELF_CHECK", "0")
-    with jax_sgrnn.set_cpu_backend("auto"), warnings.catch_warnings():
+    with jax_sgrnn.cpu_backend("auto"), warnings.catch_warnings():
         warnings.simplefilter("error")
         assert _cpu_choice() == ("mps",)
     assert runs == []

@@ -441,3 +441,16 @@ def test_parameters_round_trip_through_state_and_update():
     assert_allclose(nnx.state(target, nnx.Param), state, rtol=0, atol=0)
     graphdef, state = nnx.split(source)
     np.testing.assert_array_equal(nnx.merge(graphdef, state)(x), source(x))
+
+
+@pytest.mark.parametrize("mask_dtype", [jnp.bool_, jnp.float16, jnp.float32])
+def test_recurrent_dropout_with_a_user_mask_under_strict_promotion(mask_dtype):
+    """The stack multiplies its dropout mask by the user's in one explicit dtype: a bool or
+    half mask works under strict dtype promotion and equals the same mask given as float32."""
+    x = normal(1, (N, T, I))
+    user = np.asarray(normal(2, (N, T, H))) > -0.5
+    stack = StackedSingleGateRNN(I, H, 2, recurrent_dropout=0.5, rngs=nnx.Rngs(0))
+    twin = nnx.clone(stack)
+    with jax.numpy_dtype_promotion("strict"):
+        y = stack(x, mask=jnp.asarray(user, mask_dtype))
+    assert_allclose(y, twin(x, mask=jnp.asarray(user, jnp.float32)))

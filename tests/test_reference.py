@@ -145,3 +145,26 @@ def test_unrolled_scans_match_one_step_per_iteration(rng, T):
         **i, source_gradient=dy, z_state=z, **flags, unroll=u))(inputs) for u in (1, 4)}
     for a, b in zip(grads[4], grads[1], strict=True):
         assert_close(a, b)
+
+
+@pytest.mark.parametrize("fn", [op, ref], ids=["op", "reference"])
+def test_array_likes_are_taken_like_arrays(fn):
+    """Lists, scalars and NumPy arrays, as the README's signatures allow, for every operand."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((4, 2, 3))
+    R, W = 0.4 * rng.standard_normal((3, 3)), rng.standard_normal((3, 3))
+    b, h0 = rng.standard_normal(3), rng.standard_normal((2, 3))
+    as_arrays = fn(jnp.asarray(x), jnp.asarray(R), jnp.asarray(W), jnp.asarray(b),
+                   jnp.asarray(h0), jnp.asarray(0.5), seq_lengths=jnp.array([3, 1]),
+                   activation="tanh")
+    as_lists = fn(x.tolist(), R.tolist(), W.tolist(), b.tolist(), h0.tolist(), 0.5,
+                  seq_lengths=[3, 1], activation="tanh")
+    assert_close(as_lists, as_arrays)
+    y, z = fn(x, R, W, training=True)
+    dy = np.ones(y.shape).tolist()
+    grads_lists = jax_sgrnn.reference_gradients(x.tolist(), R.tolist(), dy, np.asarray(z).tolist(),
+                                                W.tolist(), seq_lengths=[4, 2])
+    grads_arrays = jax_sgrnn.reference_gradients(x, R, jnp.ones(y.shape), z, W,
+                                                 seq_lengths=np.array([4, 2]))
+    for a, b_ in zip(grads_lists, grads_arrays):
+        assert_close(a, b_)

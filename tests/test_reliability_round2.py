@@ -241,13 +241,20 @@ def test_reference_derivatives_keep_the_tails():
 # ---------------------------------------------------- 5. strict rank and dtype promotion
 
 
+@pytest.mark.parametrize("lengths", [False, True], ids=["", "seq_lengths"])
+@pytest.mark.parametrize("backend", ["native", "scan"])
 @pytest.mark.parametrize("bi", [False, True], ids=["uni", "bi"])
-def test_library_works_under_strict_promotion(rng, bi):
+def test_library_works_under_strict_promotion(rng, bi, backend, lengths):
     """Every path: the op, its grad, the z-loss fallback to the reference's autodiff, vmap over
-    the weights (the batched reference), the gradient op, and the reference itself."""
+    the weights (the batched reference), the gradient op, and the reference itself; on the
+    native handler and the decomposition, with and without int32 lengths (x64 is on, so JAX's
+    default integers are int64)."""
     inputs = make_inputs(rng, bidirectional=bi, mask="float", dtype=jnp.float32)
+    if lengths:
+        inputs["seq_lengths"] = jnp.array([4, 0, 2], jnp.int32)
     flags = dict(activation="sigmoid", bidirectional=bi)
-    with jax.numpy_rank_promotion("raise"), jax.numpy_dtype_promotion("strict"):
+    with jax.numpy_rank_promotion("raise"), jax.numpy_dtype_promotion("strict"), \
+            jax_sgrnn.cpu_backend(backend):
         y, z = op(**inputs, **flags, training=True)
         c = jnp.ones_like(y)
         results = dict(
@@ -259,10 +266,12 @@ def test_library_works_under_strict_promotion(rng, bi):
                 jnp.stack([inputs["input_weight"]] * 2)),
             grads_op=jax_sgrnn.single_gate_rnn_gradients(
                 inputs["source"], inputs["recurrent_weight"], c, z, inputs["input_weight"],
-                inputs["bias"], inputs["init_state"], inputs["mask"], **flags),
+                inputs["bias"], inputs["init_state"], inputs["mask"],
+                seq_lengths=inputs.get("seq_lengths"), **flags),
             ref_grads=jax_sgrnn.reference_gradients(
                 inputs["source"], inputs["recurrent_weight"], c, z, inputs["input_weight"],
-                inputs["bias"], inputs["init_state"], inputs["mask"], **flags))
+                inputs["bias"], inputs["init_state"], inputs["mask"],
+                seq_lengths=inputs.get("seq_lengths"), **flags))
     assert_close(results["y"], results["ref"])
     assert_close(results["vmap_w"][0], results["ref"])
     assert_close(results["grads_op"], results["ref_grads"])

@@ -4,7 +4,10 @@ clamping, jit, grad, vmap, second derivatives and the lowered HLO."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -152,6 +155,31 @@ def test_bad_lengths_name_the_argument(rng, lengths, error, message):
             call(**inputs, seq_lengths=lengths)
 
 
+def test_lengths_are_validated_as_given_with_x64_off():
+    """With x64 off JAX holds integers in int32; int64 lengths that int32 cannot hold are
+    refused from the caller's values, not from their wrapped int32 ones."""
+    code = """if True:
+        import jax, jax.numpy as jnp, numpy as np, jax_sgrnn
+        assert not jax.config.jax_enable_x64
+        x, R = jnp.ones((4, 2, 3)), jnp.eye(3) * 0.5
+        for fn in (jax_sgrnn.single_gate_rnn, jax_sgrnn.reference):
+            for lengths in ([2**32 + 1, 1], np.array([1, 2**32 + 1]), [-2**32 + 2, 0]):
+                try:
+                    fn(x, R, seq_lengths=lengths)
+                except ValueError as e:
+                    assert "seq_lengths: expected lengths in [0, T=4]" in str(e), e
+                else:
+                    raise AssertionError(f"{fn.__name__} accepted {lengths}")
+            y = fn(x, R, seq_lengths=np.array([3, 1], np.int64))
+            np.testing.assert_allclose(y[:3, 0], fn(x[:3, :1], R)[:, 0], rtol=1e-6)
+        print("ok")
+    """
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=os.path.dirname(__file__),
+                         env=dict(os.environ, JAX_PLATFORMS="cpu", JAX_ENABLE_X64="0"))
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
 def test_traced_lengths_are_clamped(rng):
     inputs = make_inputs(rng, 4, 3, 2, 3, init_state=True)
     run = jax.jit(lambda lengths: op(**inputs, training=True, seq_lengths=lengths))
@@ -257,7 +285,7 @@ def test_hlo_is_the_custom_call_and_mps_falls_back_to_the_decomposition(native_b
     targets = jax_sgrnn.backends()["native"].targets
     assert targets["forward"] in text and targets["gradients"] in text
     assert "while" not in text
-    with jax_sgrnn.set_cpu_backend("mps"):
+    with jax_sgrnn.cpu_backend("mps"):
         text = lowered_text(jax.grad(fn), inputs["source"])
         mps = jax_sgrnn.backends()["mps"].targets
         assert mps["forward"] not in text and "while" in text
