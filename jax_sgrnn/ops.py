@@ -17,7 +17,7 @@ from ._backends import backends_for
 from ._primitives import OpConfig, forward_p, gradients_p
 from ._spec import (Activation, SingleGateRNNDescriptor, as_arrays, compute_dtype,
                     resolve_descriptor, seq_lengths_operand, validate)
-from .reference import reference
+from .reference import reference, without_padding
 
 ArrayLike = jax.typing.ArrayLike
 
@@ -38,6 +38,8 @@ def _normalise(source, recurrent_weight, input_weight, bias, init_state, mask, s
         m = lax.stop_gradient(m.astype(compute_dtype(dtype)).reshape((1,) * (3 - m.ndim) + m.shape))
     if lengths is not None:
         lengths = seq_lengths_operand(lengths, dims.T)
+        # Padding content reaches no path (the handlers' dW takes dz^T x over all steps).
+        x, h0, m = without_padding(lengths, dims.T, x, h0, m)
     config = OpConfig.of(desc.replace(training=False), W, b, h0, m, lengths,
                          backends_for(dtype, seq_lengths=lengths is not None))
     return config, x, R, (W, b, h0, m, lengths), [a for _, a in state_arrays]

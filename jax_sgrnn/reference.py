@@ -73,6 +73,24 @@ def valid_steps(seq_lengths, T: int):
     return (jnp.arange(T, dtype=seq_lengths.dtype)[:, None] < seq_lengths[None, :])[..., None]
 
 
+def without_padding(seq_lengths, T: int, x, init_state, mask, *states) -> list:
+    """The inputs with every position that only padding reads set to zero: ``x``, ``mask``
+    (where its time and batch axes are full) and the state arrays ``[T, N, *]`` at padded steps,
+    ``init_state`` ``[N, *]`` of rows of length 0. Selected before any arithmetic, so that NaN
+    or Inf there reaches neither a result nor, through autodiff, a gradient (a select after the
+    arithmetic passes a zero cotangent into the NaN branch). Without lengths: unchanged."""
+    if seq_lengths is None:
+        return [x, init_state, mask, *states]
+    valid = valid_steps(seq_lengths, T)
+    clean = lambda a: None if a is None else jnp.where(valid, a, jnp.zeros((), a.dtype))
+    if init_state is not None:
+        init_state = jnp.where((seq_lengths > 0)[:, None], init_state,
+                               jnp.zeros((), init_state.dtype))
+    if mask is not None and mask.shape[:2] == valid.shape[:2]:
+        mask = clean(mask)
+    return [clean(x), init_state, mask, *map(clean, states)]
+
+
 def flip_rows(a, seq_lengths):
     """``a`` ``[T, N, F]`` with each row's first ``seq_lengths[n]`` steps in reverse order and its
     padding in place: a reversed direction starts at the row's own last valid step. Without
@@ -130,7 +148,7 @@ def reference(source, recurrent_weight, input_weight=None, bias=None, init_state
     dtype, dims, cast, R, h0, m, lengths = _in_compute_dtype(
         source, recurrent_weight, input_weight, bias, init_state, mask, seq_lengths, desc)
     valid = None if lengths is None else valid_steps(lengths, dims.T)
-    x = cast(source)
+    x, h0, m = without_padding(lengths, dims.T, cast(source), h0, m)
     xp = x if input_weight is None else _matmul_t(x, cast(input_weight))
     if bias is not None:
         xp = xp + cast(bias)[None, None]  # same rank: works under jax_numpy_rank_promotion=raise
@@ -222,7 +240,8 @@ def reference_gradients(source, recurrent_weight, source_gradient, z_state, inpu
     dtype, dims, cast, R, h0, m, lengths = _in_compute_dtype(
         source, recurrent_weight, input_weight, bias, init_state, mask, seq_lengths, desc,
         state_shapes=(("source_gradient", source_gradient), ("z_state", z_state)))
-    x, g, z = cast(source), cast(source_gradient), cast(z_state)
+    x, h0, m, g, z = without_padding(lengths, dims.T, cast(source), h0, m, cast(source_gradient),
+                                     cast(z_state))
     valid = None if lengths is None else valid_steps(lengths, dims.T)
 
     dxps, dRs, dh0s = [], [], []

@@ -237,6 +237,76 @@ def test_vmap(cpu_backend, rng, mapped):
         assert_close(jax.tree.map(lambda g: g[i], got), want, err_msg=f"problem {i}")
 
 
+# Every path a call with lengths can take: the native handler, the decomposition (the "scan"
+# backend, what other platforms run), the reference, the fallback of a loss on z (autodiff of
+# the reference), the gradient op, and a second derivative.
+PADDING_PATHS = ("native", "scan", "reference", "z_loss", "gradients_op", "second_derivative")
+PADDING_T, PADDING_LENGTHS = 4, np.array([4, 2, 0], np.int32)
+
+
+def _poison_padding(inputs: dict, where: str, value, dy, z):
+    """`inputs`, dy and z with `value` at every position only padding reads: the source, the
+    (full) mask and dy/z at padded steps, or the initial state of the row of length 0."""
+    padded = ~np.asarray((np.arange(PADDING_T)[:, None] < PADDING_LENGTHS[None, :])[..., None])
+    poison = lambda a: jnp.where(padded, jnp.asarray(value, a.dtype), a)
+    inputs = dict(inputs)
+    if where == "source":
+        inputs["source"] = poison(inputs["source"])
+    elif where == "mask":
+        inputs["mask"] = poison(inputs["mask"])
+    elif where == "init_state":
+        inputs["init_state"] = inputs["init_state"].at[2].set(value)
+    elif where == "dy_z":
+        dy, z = poison(dy), poison(z)
+    return inputs, dy, z
+
+
+def _padding_path_results(path: str, inputs: dict, flags: dict, dy, z):
+    """The path's outputs and gradients (with respect to every differentiable input)."""
+    lengths = jnp.asarray(PADDING_LENGTHS)
+    diff = diff_inputs(inputs)
+    if path == "gradients_op":
+        return jax_sgrnn.single_gate_rnn_gradients(
+            inputs["source"], inputs["recurrent_weight"], dy, z, inputs["input_weight"],
+            inputs["bias"], inputs["init_state"], inputs["mask"], seq_lengths=lengths, **flags)
+    fn = ref if path == "reference" else op
+
+    def loss(d):
+        out = fn(**{**inputs, **d}, **flags, seq_lengths=lengths, training=True)
+        # A loss on z as well as y: the op then differentiates the reference (the fallback).
+        return jnp.sum(out[0] * dy) + (jnp.sum(jnp.sin(out[1])) if path == "z_loss" else 0.0)
+
+    if path == "second_derivative":
+        return jax.grad(lambda d: sum(jnp.sum(g ** 2) for g in jax.grad(loss)(d).values()))(diff)
+    backend = "scan" if path == "scan" else "native"
+    with jax_sgrnn.cpu_backend(backend):
+        return jax.value_and_grad(loss)(diff)
+
+
+@pytest.mark.parametrize("path", PADDING_PATHS)
+@pytest.mark.parametrize("where,value", [("source", np.nan), ("source", np.inf),
+                                         ("mask", np.nan), ("init_state", np.nan),
+                                         ("dy_z", np.nan)])
+@pytest.mark.parametrize("rev,bi", [(False, False), (True, False), (False, True)],
+                         ids=["fwd", "rev", "bi"])
+def test_padding_content_never_reaches_a_result(rng, path, where, value, rev, bi):
+    """NaN or Inf wherever only padding reads it changes no output and no gradient of any path:
+    each equals the same call with zeros there, and is finite."""
+    if where == "dy_z" and path != "gradients_op":
+        pytest.skip("dy and z are the gradient op's inputs")
+    flags = dict(activation="tanh", reverse=rev, bidirectional=bi)
+    inputs = make_inputs(rng, PADDING_T, 3, 2, 3, bidirectional=bi, mask="float")
+    y, z = ref(**inputs, **flags, seq_lengths=PADDING_LENGTHS, training=True)
+    dy = random_array(rng, y.shape, jnp.float64)
+    clean_inputs, clean_dy, clean_z = _poison_padding(inputs, where, 0.0, dy, z)
+    bad_inputs, bad_dy, bad_z = _poison_padding(inputs, where, value, dy, z)
+    clean = _padding_path_results(path, clean_inputs, flags, clean_dy, clean_z)
+    got = _padding_path_results(path, bad_inputs, flags, bad_dy, bad_z)
+    for leaf in jax.tree.leaves(got):
+        assert np.isfinite(np.asarray(leaf)).all(), f"{path}: {got}"
+    assert_close(got, clean)
+
+
 def test_vmap_of_gradients_op_with_mapped_lengths(rng):
     """Grouped gradient op (G > 1), each group with its own lengths."""
     B, T, N = 3, 4, 3
