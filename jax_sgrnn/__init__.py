@@ -8,8 +8,8 @@ are available here.
 
 from importlib.metadata import PackageNotFoundError, version
 
-from ._backends import (Backend, backends, cpu_backend, cuda_handler, get_cpu_backend,
-                        mps_self_check, set_cpu_backend, use_cuda_handler)
+from ._backends import (Backend, backends, cpu_backend, cuda_handler, export_safety_checks,
+                        get_cpu_backend, mps_self_check, set_cpu_backend, use_cuda_handler)
 from ._spec import Activation, SingleGateRNNDescriptor
 from .ops import single_gate_rnn, single_gate_rnn_gradients
 from .reference import reference, reference_gradients
@@ -22,6 +22,7 @@ __all__ = [
     "backends",
     "cpu_backend",
     "cuda_handler",
+    "export_safety_checks",
     "get_cpu_backend",
     "mps_self_check",
     "reference",
@@ -32,7 +33,10 @@ __all__ = [
     "use_cuda_handler",
 ]
 
-#: Platforms on which some native backend is available (everywhere else: the decomposition).
+#: Platforms for which some native backend's handler is registered, so that programs for them
+#: lower to its custom calls (everywhere else: the decomposition). Lowering needs no device: a
+#: CUDA build lists "cuda" on a machine without a GPU; ``backends()[name].runs_here`` says
+#: whether a handler can also run in this process.
 NATIVE_PLATFORMS: tuple[str, ...] = tuple(
     dict.fromkeys(b.platform for b in backends().values() if b.available))
 

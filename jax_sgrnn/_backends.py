@@ -33,8 +33,8 @@ import jax
 import numpy as np
 from jax._src import config as jax_config  # enum_state: a jit-keyed, env-backed option
 
-__all__ = ["Backend", "backends", "cpu_backend", "cuda_handler", "get_cpu_backend",
-           "mps_self_check", "set_cpu_backend", "use_cuda_handler"]
+__all__ = ["Backend", "backends", "cpu_backend", "cuda_handler", "export_safety_checks",
+           "get_cpu_backend", "mps_self_check", "set_cpu_backend", "use_cuda_handler"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +50,9 @@ class Backend:
       handoff: dtype -> the backend that runs calls of that dtype instead.
       seq_lengths: whether its handler takes per-row sequence lengths; a call with lengths
         lowers to the ``lax.scan`` decomposition on a backend that does not.
-      available: whether its handlers are registered and can run here.
+      available: whether its handlers are registered here, so that programs using it can be
+        lowered (and exported) in this process. Whether they can also run here is
+        :attr:`runs_here`: a CUDA build lowers for ``cuda`` on a machine without a GPU.
       reason: why not, when not available.
       device: the device it runs on, where that is not the host CPU (the Metal GPU's name).
       targets: ``"forward"`` / ``"gradients"`` -> FFI target name.
@@ -86,6 +88,18 @@ class Backend:
         ``gradients`` the gradient op)."""
         return self.fits is None or self.fits(steps, hidden, batch, directions,
                                               self.compute_dtype(dtype).itemsize, gradients)
+
+    @property
+    def runs_here(self) -> bool:
+        """Whether its handler can also run in this process: it is available and this process
+        has a device of its platform that runs it (a Metal device for ``mps``; for ``cuda`` an
+        NVIDIA GPU of compute capability 9.0 or later). Asks JAX for the platform's devices the
+        first time, so it starts that backend; importing the package does not."""
+        if not self.available:
+            return False
+        if self.platform == "cpu":
+            return True
+        return _has_devices(self.platform) and cuda_devices_run_handler()
 
     def compute_dtype(self, dtype) -> np.dtype:
         """The dtype the custom call computes in for inputs of ``dtype``."""
@@ -312,6 +326,26 @@ def cuda_handler(on: bool) -> contextlib.AbstractContextManager[None]:
     """``with jax_sgrnn.cuda_handler(False): ...`` turns the CUDA handler off (or on) inside the
     block, in the calling thread only."""
     return _cuda_handler(_check_on(on, "cuda_handler"))
+
+
+@functools.cache
+def _has_devices(platform: str) -> bool:
+    try:
+        return bool(jax.devices(platform))
+    except RuntimeError:  # no such backend in this process
+        return False
+
+
+def export_safety_checks() -> list:
+    """The ``disabled_checks`` that ``jax.export.export`` needs for a program that calls this
+    package's handlers: one ``DisabledSafetyCheck.custom_call`` per FFI target of every backend.
+    JAX refuses by default to serialise custom calls whose ABI it does not guarantee; these
+    targets are this package's, so an exported program runs where a build of the same
+    jax_sgrnn version is installed (and imported before the program is called)."""
+    from jax import export
+
+    return [export.DisabledSafetyCheck.custom_call(target)
+            for backend in _TABLE.values() for target in backend.targets.values()]
 
 
 @functools.cache

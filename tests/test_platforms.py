@@ -82,3 +82,35 @@ def test_portable_lowering_functions_match_the_custom_call(native_backend):
     assert [g.shape for g in native] == [(2, *x.shape), (2, *R.shape), (2, *W.shape)]
     for a, b in zip(native, portable):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("platform", ["cpu", "cuda"])
+def test_export_with_the_packages_safety_checks(native_backend, platform):
+    """The README's export recipe: without export_safety_checks() JAX refuses the custom calls;
+    with it the program serialises, and (on CPU) the deserialised one runs and agrees."""
+    if platform == "cuda" and not CUDA_BUILT:
+        pytest.skip("built without the CUDA handler: cuda lowers to the decomposition")
+    x, R, W, mask = _problem(False)
+    grad = jax.jit(jax.grad(_loss, argnums=(0, 1, 2)), static_argnums=4)
+    with pytest.raises(ValueError, match="custom call"):
+        export.export(grad, platforms=[platform])(x, R, W, mask, False)
+    exported = export.export(grad, platforms=[platform],
+                             disabled_checks=jax_sgrnn.export_safety_checks())(
+        x, R, W, mask, False)
+    targets = jax_sgrnn.backends()["native" if platform == "cpu" else "cuda"].targets.values()
+    assert all(t in exported.mlir_module() for t in targets)
+    restored = export.deserialize(exported.serialize())
+    if platform == "cpu":
+        for got, want in zip(restored.call(x, R, W, mask), grad(x, R, W, mask, False)):
+            np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_available_is_lowering_and_runs_here_needs_a_device():
+    """available: lowering is possible here; runs_here: a device here can also run it."""
+    table = jax_sgrnn.backends()
+    for backend in table.values():
+        assert not backend.runs_here or backend.available
+    assert table["native"].runs_here == table["native"].available
+    if table["cuda"].available:  # a CUDA build lowers for cuda with or without a GPU
+        assert "cuda" in jax_sgrnn.NATIVE_PLATFORMS
+        assert table["cuda"].runs_here == (jax.default_backend() == "gpu")
