@@ -85,9 +85,14 @@ class Backend:
     def runs(self, steps: int, hidden: int, batch: int, directions: int, dtype,
              gradients: bool) -> bool:
         """Whether its handler runs a call of these sizes in ``dtype`` (the forward, or with
-        ``gradients`` the gradient op)."""
-        return self.fits is None or self.fits(steps, hidden, batch, directions,
-                                              self.compute_dtype(dtype).itemsize, gradients)
+        ``gradients`` the gradient op). A symbolic size (shape-polymorphic export) runs where
+        the handler runs every size; else the decomposition, which is right for any value."""
+        if self.fits is None:
+            return True
+        if not all(isinstance(s, (int, np.integer)) for s in (steps, hidden, batch)):
+            return False
+        return self.fits(steps, hidden, batch, directions, self.compute_dtype(dtype).itemsize,
+                         gradients)
 
     @property
     def runs_here(self) -> bool:

@@ -137,8 +137,12 @@ DECOMPOSITION_UNROLL = 4
 
 def _lower_decomposition(ctx, *args, config: OpConfig, decomposition):
     """The ``lax.scan`` decomposition: the rule of platforms without a handler, and of calls
-    their handler does not run. XLA partitions it like any JAX code."""
-    fn = functools.partial(decomposition, config=config, unroll=DECOMPOSITION_UNROLL)
+    their handler does not run. XLA partitions it like any JAX code. A symbolic number of
+    steps (shape-polymorphic export) scans one step per iteration: lax.scan cannot unroll a
+    length it does not know."""
+    steps = ctx.avals_in[0].shape[-3]
+    unroll = DECOMPOSITION_UNROLL if isinstance(steps, int) else 1
+    fn = functools.partial(decomposition, config=config, unroll=unroll)
     return mlir.lower_fun(fn, multiple_results=True)(ctx, *args)
 
 

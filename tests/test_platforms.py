@@ -114,3 +114,41 @@ def test_available_is_lowering_and_runs_here_needs_a_device():
     if table["cuda"].available:  # a CUDA build lowers for cuda with or without a GPU
         assert "cuda" in jax_sgrnn.NATIVE_PLATFORMS
         assert table["cuda"].runs_here == (jax.default_backend() == "gpu")
+
+
+@pytest.mark.parametrize("platform", ["cpu", "cuda"])
+@pytest.mark.parametrize("symbolic", ["T", "N", "vmapped"])
+def test_shape_polymorphic_export(native_backend, platform, symbolic):
+    """Symbolic T or N, or a vmapped batch folded into N: exports for CPU (the custom call runs
+    any size) and for CUDA (the handler's plan depends on the sizes: a symbolic one lowers to
+    the decomposition, right for every value)."""
+    if platform == "cuda" and not CUDA_BUILT:
+        pytest.skip("built without the CUDA handler: cuda lowers to the decomposition anyway")
+    T, N, I, H = 6, 3, 5, 4
+    spec = {"T": f"t, {N}, {I}", "N": f"{T}, n, {I}", "vmapped": f"b, {T}, {N}, {I}"}[symbolic]
+    x = jax.ShapeDtypeStruct(export.symbolic_shape(spec), jnp.float32)
+    R = jax.ShapeDtypeStruct((H, H), jnp.float32)
+    W = jax.ShapeDtypeStruct((H, I), jnp.float32)
+
+    def loss(x, R, W):
+        return jnp.sum(jax_sgrnn.single_gate_rnn(x, R, W, activation="tanh") ** 2)
+
+    grad = jax.grad(loss, argnums=(0, 1, 2))
+    if symbolic == "vmapped":
+        grad = jax.vmap(grad, in_axes=(0, None, None))
+    exported = export.export(jax.jit(grad), platforms=[platform],
+                             disabled_checks=jax_sgrnn.export_safety_checks())(x, R, W)
+    module = exported.mlir_module()
+    targets = jax_sgrnn.backends()["native" if platform == "cpu" else "cuda"].targets
+    if platform == "cpu":
+        assert all(t in module for t in NATIVE)
+    else:  # N or T symbolic in the forward (a vmapped batch joins N): its plan is unknown
+        assert targets["forward"] not in module and "stablehlo.while" in module
+    if platform == "cpu" or jax.default_backend() == "gpu":
+        rng = np.random.default_rng(0)
+        concrete = {"T": (9, N, I), "N": (T, 7, I), "vmapped": (2, T, N, I)}[symbolic]
+        args = (rng.normal(size=concrete).astype(np.float32),
+                (0.3 * rng.normal(size=(H, H))).astype(np.float32),
+                rng.normal(size=(H, I)).astype(np.float32))
+        for got, want in zip(exported.call(*args), jax.jit(grad)(*args)):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
