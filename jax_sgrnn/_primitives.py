@@ -22,7 +22,8 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching
 from jax.sharding import PartitionSpec
 
-from ._spec import OPTIONAL_NAMES, Dims, SingleGateRNNDescriptor, check_shapes, shape_of
+from ._spec import (OPTIONAL_NAMES, Dims, SingleGateRNNDescriptor, check_shapes, shape_of,
+                    spec_of)
 from .reference import reference, reference_gradients
 
 
@@ -82,12 +83,14 @@ class OpConfig:
                     has_seq_lengths=np.bool_(self.has_seq_lengths))
 
 
-def _result_aval(x, shape) -> jax.core.ShapedArray:
+def _result_aval(x, shape, spec=None) -> jax.core.ShapedArray:
     """A result of ``shape`` in ``x``'s dtype with ``x``'s other type attributes: inside a
     ``shard_map``, the mesh axes it varies over (``ops.py`` makes every operand vary alike, as
-    JAX's own primitives require) and its mesh; no sharding of its own axes."""
-    unsharded = x.sharding.update(spec=PartitionSpec(*[None] * len(shape)))
-    return x.update(shape=shape, weak_type=False, sharding=unsharded)
+    JAX's own primitives require) and its mesh; its own axes sharded as ``spec`` says (under
+    explicit sharding each result keeps its input's sharding, as the partitioned custom calls
+    leave it; elsewhere specs are empty), unsharded without one."""
+    spec = PartitionSpec(*(spec if spec is not None else [None] * len(shape)))
+    return x.update(shape=shape, weak_type=False, sharding=x.sharding.update(spec=spec))
 
 
 def _eager_impl(primitive: Primitive):
@@ -129,7 +132,7 @@ def _forward_abstract_eval(x, R, *rest, config: OpConfig):
     dims = check_shapes(x.shape, R.shape, opt["input_weight"], opt["bias"], opt["init_state"],
                         opt["mask"], config.descriptor.bidirectional,
                         seq_lengths=opt["seq_lengths"])
-    out = _result_aval(x, dims.state_shape)
+    out = _result_aval(x, dims.state_shape, (None, spec_of(x)[1], None))  # y, z: x's N
     return [out, out] if config.descriptor.training else [out]
 
 
@@ -223,13 +226,18 @@ def _gradients_abstract_eval(x, R, dy, z, *rest, config: OpConfig):
 
 
 def _gradient_avals(G, x, R, rest, config: OpConfig) -> list:
-    """dx, dR, then dW, db, dh0 for the inputs present, each with the leading G axis."""
+    """dx, dR, then dW, db, dh0 for the inputs present, each with the leading G axis and
+    typed like its input."""
     opt = config.optionals(rest)
-    shapes = [x.shape[1:], R.shape]
-    shapes += [opt[n].shape for n in ("input_weight", "bias") if opt[n] is not None]
+    group = spec_of(x)[0]
+    avals = [_result_aval(x, x.shape, spec_of(x)),
+             _result_aval(x, (G, *R.shape), (group, *spec_of(R)))]
+    avals += [_result_aval(x, (G, *opt[n].shape), (group, *spec_of(opt[n])))
+              for n in ("input_weight", "bias") if opt[n] is not None]
     if opt["init_state"] is not None:
-        shapes.append(opt["init_state"].shape[1:])
-    return [_result_aval(x, (G, *s)) for s in shapes]
+        avals.append(_result_aval(x, (G, *opt["init_state"].shape[1:]),
+                                  (group, *spec_of(opt["init_state"])[1:])))
+    return avals
 
 
 gradients_p.def_abstract_eval(_gradients_abstract_eval)

@@ -230,6 +230,13 @@ def as_arrays(*inputs, seq_lengths=None) -> tuple[list, object]:
     return arrays, seq_lengths
 
 
+def spec_of(a) -> tuple:
+    """The entries of an abstract array's sharding spec, one per axis (None: not sharded
+    along it; always None outside explicit sharding)."""
+    spec = tuple(a.sharding.spec)
+    return spec + (None,) * (len(a.shape) - len(spec))
+
+
 def shape_of(a) -> Optional[Shape]:
     """``a``'s shape, or None for a missing optional input."""
     return None if a is None else tuple(a.shape)

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ._spec import (Activation, Dims, SingleGateRNNDescriptor, as_arrays, compute_dtype,
-                    resolve_descriptor, seq_lengths_operand, validate)
+                    resolve_descriptor, seq_lengths_operand, spec_of, validate)
 
 _HIGHEST = lax.Precision.HIGHEST
 
@@ -107,9 +107,44 @@ def _matmul_t(a, w):
     return jnp.einsum("...j,hj->...h", a, w, precision=_HIGHEST)
 
 
+def sum_over_steps_and_rows(spec: str, a, b):
+    """``jnp.einsum(spec, a, b)`` contracting the time and batch axes (a weight gradient), at
+    full precision. Under explicit sharding with the batch sharded the result is replicated
+    (summed across devices): JAX asks to be told where such a result lives."""
+    sharded = any(e is not None for arr in (a, b) for e in spec_of(jax.typeof(arr)))
+    out_sharding = jax.P(*[None] * len(spec.split("->")[1])) if sharded else None
+    return jnp.einsum(spec, a, b, precision=_HIGHEST, out_sharding=out_sharding)
+
+
 def _halves(a, dims: Dims):
     """Splits the last axis into the D direction halves."""
     return [a[..., d * dims.H:(d + 1) * dims.H] for d in range(dims.D)]
+
+
+def _steps_unsharded(*arrays) -> list:
+    """Each ``[T, ...]`` array with its time axis gathered where explicit sharding splits it:
+    ``lax.scan`` steps along an axis that every device holds whole."""
+    def one(a):
+        if a is None:
+            return None
+        spec = spec_of(jax.typeof(a))
+        return a if spec[0] is None else jax.sharding.reshard(a, jax.P(None, *spec[1:]))
+    return [one(a) for a in arrays]
+
+
+def _sharded_like(a, like):
+    """``a`` resharded to ``like``'s sharding where explicit sharding gives them different
+    ones (a gradient has its input's type)."""
+    spec = spec_of(jax.typeof(like))
+    return a if spec_of(jax.typeof(a)) == spec else jax.sharding.reshard(a, jax.P(*spec))
+
+
+def _zero_state(source, dims: Dims, dtype):
+    """h0 = 0, ``[N, D*H]``, sharded along N as the source is (under explicit sharding the
+    scans' carry must keep one type)."""
+    batch = spec_of(jax.typeof(source))[1]
+    sharding = None if batch is None else jax.P(batch, None)
+    return jnp.zeros((dims.N, dims.D * dims.H), dtype, out_sharding=sharding)
 
 
 def _in_compute_dtype(source, recurrent_weight, input_weight, bias, init_state, mask,
@@ -126,7 +161,7 @@ def _in_compute_dtype(source, recurrent_weight, input_weight, bias, init_state, 
     cdt = compute_dtype(dtype)
     cast = lambda a: None if a is None else jnp.asarray(a).astype(cdt)
     R = cast(recurrent_weight).reshape(dims.D, dims.H, dims.H)
-    h0 = (jnp.zeros((dims.N, dims.D * dims.H), cdt) if init_state is None else cast(init_state))
+    h0 = (_zero_state(source, dims, cdt) if init_state is None else cast(init_state))
     m = (None if mask is None
          else jnp.broadcast_to(cast(lax.stop_gradient(mask)), dims.state_shape))
     lengths = None if seq_lengths is None else seq_lengths_operand(seq_lengths, dims.T)
@@ -148,7 +183,8 @@ def reference(source, recurrent_weight, input_weight=None, bias=None, init_state
     dtype, dims, cast, R, h0, m, lengths = _in_compute_dtype(
         source, recurrent_weight, input_weight, bias, init_state, mask, seq_lengths, desc)
     valid = None if lengths is None else valid_steps(lengths, dims.T)
-    x, h0, m = without_padding(lengths, dims.T, cast(source), h0, m)
+    x, h0, m = without_padding(lengths, dims.T, *_steps_unsharded(cast(source)), h0,
+                               *_steps_unsharded(m))
     xp = x if input_weight is None else _matmul_t(x, cast(input_weight))
     if bias is not None:
         xp = xp + cast(bias)[None, None]  # same rank: works under jax_numpy_rank_promotion=raise
@@ -194,7 +230,7 @@ def _direction_weight_gradient(activation: Activation, dz, z, h0, mask, valid):
         hm = hm * mask
     if valid is not None:
         hm = jnp.where(valid, hm, 0)
-    return jnp.einsum("tnh,tnk->hk", dz, hm, precision=_HIGHEST)
+    return sum_over_steps_and_rows("tnh,tnk->hk", dz, hm)
 
 
 def recurrent_weight_gradient(d_source, z_state, init_state, mask, seq_lengths,
@@ -240,8 +276,9 @@ def reference_gradients(source, recurrent_weight, source_gradient, z_state, inpu
     dtype, dims, cast, R, h0, m, lengths = _in_compute_dtype(
         source, recurrent_weight, input_weight, bias, init_state, mask, seq_lengths, desc,
         state_shapes=(("source_gradient", source_gradient), ("z_state", z_state)))
-    x, h0, m, g, z = without_padding(lengths, dims.T, cast(source), h0, m, cast(source_gradient),
-                                     cast(z_state))
+    source = cast(source)
+    x, m, g, z = _steps_unsharded(source, m, cast(source_gradient), cast(z_state))
+    x, h0, m, g, z = without_padding(lengths, dims.T, x, h0, m, g, z)
     valid = None if lengths is None else valid_steps(lengths, dims.T)
 
     dxps, dRs, dh0s = [], [], []
@@ -275,10 +312,10 @@ def reference_gradients(source, recurrent_weight, source_gradient, z_state, inpu
     dxp = dxps[0] if dims.D == 1 else jnp.concatenate(dxps, axis=-1)
     dR = jnp.stack(dRs) if desc.bidirectional else dRs[0]
     if input_weight is None:
-        grads = [dxp, dR]
+        grads = [_sharded_like(dxp, source), dR]
     else:
-        grads = [jnp.einsum("tnh,hi->tni", dxp, cast(input_weight), precision=_HIGHEST), dR,
-                 jnp.einsum("tnh,tni->hi", dxp, x, precision=_HIGHEST)]
+        dx = jnp.einsum("tnh,hi->tni", dxp, cast(input_weight), precision=_HIGHEST)
+        grads = [_sharded_like(dx, source), dR, sum_over_steps_and_rows("tnh,tni->hi", dxp, x)]
     if bias is not None:
         grads.append(dxp.sum(axis=(0, 1)))
     if init_state is not None:

@@ -320,6 +320,55 @@ def grad_1d_gspmd():
         jax.config.update("jax_use_shardy_partitioner", True)
 
 
+def _explicit(specs_by_name: dict, backend: str, bidirectional: bool) -> dict:
+    """Under explicit sharding (``AxisType.Explicit``, ``jax.set_mesh``): the op's forward,
+    jax.grad of the op and of the reference, and a Hessian through the op, each equal to the
+    same call on one device; y keeps the source's batch sharding."""
+    from jax.sharding import AxisType
+
+    mesh = jax.make_mesh((4,), ("batch",), axis_types=(AxisType.Explicit,))
+    inputs = {**problem(18, bidirectional=bidirectional, mask_shape=(T, N, 1)),
+              "seq_lengths": jnp.array([4, 0, 1, 3, 2, 4, 4, 1], jnp.int32)}
+    flags = dict(bidirectional=bidirectional, activation="tanh")
+    diff, rest = split_diff(inputs)
+    forward = lambda diff, rest: jax_sgrnn.single_gate_rnn(**diff, **rest, **flags)
+    hessian = lambda R, diff, rest: jax.hessian(
+        lambda R: loss(flags)({**diff, "recurrent_weight": R}, rest))(R)
+    reference_grad = jax.grad(lambda diff, rest: jnp.sum(
+        jnp.sin(jax_sgrnn.reference(**diff, **rest, **flags))))
+    programs = dict(forward=forward, grad=jax.grad(loss(flags)), reference_grad=reference_grad)
+    with jax_sgrnn.cpu_backend(backend):
+        expected = {k: jax.jit(f)(diff, rest) for k, f in programs.items()}
+        expected["hessian"] = jax.jit(hessian)(diff["recurrent_weight"], diff, rest)
+        with jax.set_mesh(mesh):
+            sharded = {k: jax.device_put(v, NamedSharding(mesh, specs_by_name.get(k, P())))
+                       for k, v in inputs.items()}
+            sdiff, srest = split_diff(sharded)
+            got = {k: jax.jit(f)(sdiff, srest) for k, f in programs.items()}
+            got["hessian"] = jax.jit(hessian)(sdiff["recurrent_weight"], sdiff, srest)
+    for name in expected:
+        assert_same(got[name], expected[name], name)
+    entries = lambda a: [e for e in a.sharding.spec] + [None] * (a.ndim - len(a.sharding.spec))
+    return dict(y_spec=entries(got["forward"]), source_spec=entries(sharded["source"]))
+
+
+@check
+def explicit_batch_sharded():
+    return _explicit(batch_sharded(problem(0), "batch") | {"seq_lengths": P("batch")},
+                     "native", bidirectional=False)
+
+
+@check
+def explicit_batch_sharded_bidirectional_scan():
+    return _explicit(batch_sharded(problem(0), "batch") | {"seq_lengths": P("batch")},
+                     "scan", bidirectional=True)
+
+
+@check
+def explicit_time_sharded():
+    return _explicit({"source": P("batch")}, "native", bidirectional=False)
+
+
 def main() -> dict:
     if len(jax.devices()) < 4:
         return {"skip": f"got {len(jax.devices())} devices of {jax.default_backend()}, not 4"}

@@ -121,3 +121,20 @@ def test_inside_a_user_shard_map(reports, vma):
     assert_partitioned(facts, 1, 1)
     assert_one_weight_gradient_all_reduce(
         facts, ["f64[4,4]{1,0}", "f64[4,3]{1,0}", "f64[4]{0}"])
+
+
+@pytest.mark.parametrize("name", ["explicit_batch_sharded",
+                                  "explicit_batch_sharded_bidirectional_scan"])
+def test_explicit_sharding_gives_the_one_device_results_sharded_by_batch(reports, name):
+    """AxisType.Explicit meshes and jax.set_mesh: forward, jax.grad of the op and of the
+    reference, and a Hessian, each equal to one device's; y keeps the batch sharding."""
+    facts = report(reports, name)
+    assert facts["y_spec"] == [None, "batch", None], facts
+
+
+def test_explicit_sharding_of_the_time_axis(reports):
+    """A time-sharded source under explicit sharding: the same results (the steps are gathered
+    for the recurrence); y is not sharded along time."""
+    facts = report(reports, "explicit_time_sharded")
+    assert facts["source_spec"] == ["batch", None, None], facts
+    assert facts["y_spec"] == [None, None, None], facts
