@@ -20,6 +20,7 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax._src import sharding_impls  # ShardingContext: what the program spans
 from jax.interpreters import mlir
 
 from ._backends import Backend, backend_for_platform, platforms
@@ -146,6 +147,16 @@ def _lower_decomposition(ctx, *args, config: OpConfig, decomposition):
     return mlir.lower_fun(fn, multiple_results=True)(ctx, *args)
 
 
+def _exporting_for_several_devices(ctx) -> bool:
+    """Whether ``jax.export`` is lowering a program that spans several devices. Partitioning the
+    custom calls there takes a Python callback at compile time (custom_partitioning), which an
+    exported program cannot carry; the decomposition, which XLA partitions itself, exports."""
+    axis_context = ctx.module_context.axis_context
+    return (getattr(ctx.module_context.lowering_parameters, "for_export", False)
+            and isinstance(axis_context, sharding_impls.ShardingContext)
+            and axis_context.num_devices > 1)
+
+
 def _lower(ctx, *args, config: OpConfig, platform: str, custom_call, decomposition):
     backend = backend_for_platform(config.backends, platform)
     gradients = custom_call is _ffi_gradients
@@ -154,6 +165,8 @@ def _lower(ctx, *args, config: OpConfig, platform: str, custom_call, decompositi
                                                 source.shape[-2], config.descriptor.directions,
                                                 source.dtype, gradients):
         backend = None  # sizes (or GPUs) this handler's kernels do not run, or run slower
+    if backend is not None and _exporting_for_several_devices(ctx):
+        backend = None
     if backend is None:
         return _lower_decomposition(ctx, *args, config=config, decomposition=decomposition)
     fn = partitioned(ctx, functools.partial(custom_call, backend=backend, config=config), config)

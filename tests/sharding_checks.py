@@ -369,6 +369,27 @@ def explicit_time_sharded():
     return _explicit({"source": P("batch")}, "native", bidirectional=False)
 
 
+@check
+def export_several_devices():
+    """jax.export of a batch-sharded training step: serialises, and the deserialised program
+    gives the one-device gradients (the op lowers to the decomposition there)."""
+    from jax import export
+
+    mesh = mesh_1d()
+    inputs = {**problem(19, mask_shape=(T, N, 1)),
+              "seq_lengths": jnp.array([4, 0, 1, 3, 2, 4, 4, 1], jnp.int32)}
+    flags = dict(activation="tanh")
+    grad = jax.jit(jax.grad(loss(flags)))
+    expected = grad(*split_diff(inputs))
+    sharded = split_diff(put(inputs, mesh, batch_sharded(inputs, "batch")))
+    exported = export.export(grad, disabled_checks=jax_sgrnn.export_safety_checks())(*sharded)
+    restored = export.deserialize(exported.serialize())
+    assert_same(restored.call(*sharded), expected, "exported grad")
+    module = exported.mlir_module()
+    return dict(devices=exported.nr_devices,
+                custom_calls=sum(module.count(t) for t in TARGETS.values()))
+
+
 def main() -> dict:
     if len(jax.devices()) < 4:
         return {"skip": f"got {len(jax.devices())} devices of {jax.default_backend()}, not 4"}

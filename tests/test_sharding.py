@@ -138,3 +138,10 @@ def test_explicit_sharding_of_the_time_axis(reports):
     facts = report(reports, "explicit_time_sharded")
     assert facts["source_spec"] == ["batch", None, None], facts
     assert facts["y_spec"] == [None, None, None], facts
+
+
+def test_export_of_a_program_on_several_devices(reports):
+    """jax.export of a sharded program serialises and runs: custom_partitioning's callback
+    cannot be serialised, so there the op lowers to its decomposition, which XLA partitions."""
+    facts = report(reports, "export_several_devices")
+    assert facts == {"devices": 4, "custom_calls": 0}, facts
