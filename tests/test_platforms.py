@@ -84,6 +84,11 @@ def test_portable_lowering_functions_match_the_custom_call(native_backend):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
+def _runs_here(platform: str) -> bool:
+    """Whether a program exported for ``platform`` runs on this process's default backend."""
+    return {"cpu": "cpu", "cuda": "gpu"}[platform] == jax.default_backend()
+
+
 @pytest.mark.parametrize("platform", ["cpu", "cuda"])
 def test_export_with_the_packages_safety_checks(native_backend, platform):
     """The README's export recipe: without export_safety_checks() JAX refuses the custom calls;
@@ -100,7 +105,7 @@ def test_export_with_the_packages_safety_checks(native_backend, platform):
     targets = jax_sgrnn.backends()["native" if platform == "cpu" else "cuda"].targets.values()
     assert all(t in exported.mlir_module() for t in targets)
     restored = export.deserialize(exported.serialize())
-    if platform == "cpu":
+    if _runs_here(platform):
         for got, want in zip(restored.call(x, R, W, mask), grad(x, R, W, mask, False)):
             np.testing.assert_allclose(got, want, rtol=1e-6)
 
@@ -144,7 +149,7 @@ def test_shape_polymorphic_export(native_backend, platform, symbolic):
         assert all(t in module for t in NATIVE)
     else:  # N or T symbolic in the forward (a vmapped batch joins N): its plan is unknown
         assert targets["forward"] not in module and "stablehlo.while" in module
-    if platform == "cpu" or jax.default_backend() == "gpu":
+    if _runs_here(platform):
         rng = np.random.default_rng(0)
         concrete = {"T": (9, N, I), "N": (T, 7, I), "vmapped": (2, T, N, I)}[symbolic]
         args = (rng.normal(size=concrete).astype(np.float32),
