@@ -298,6 +298,9 @@ class _ProcessWideSetting:
     def __exit__(self, *exc):
         return False
 
+    def __repr__(self) -> str:  # what an interactive session echoes after the call
+        return f"<{self._setter}({self._value!r}): set process-wide>"
+
 
 def _set_process_wide(option, value, setter: str, scoped: str) -> "_ProcessWideSetting":
     previous = option.value

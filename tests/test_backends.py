@@ -156,8 +156,9 @@ def test_cpu_backend_scopes_a_block_and_set_cpu_backend_sets_the_process():
             assert jax_sgrnn.get_cpu_backend() == "mps"
         assert jax_sgrnn.get_cpu_backend() == "scan"
     assert jax_sgrnn.get_cpu_backend() == before
-    jax_sgrnn.set_cpu_backend("auto")  # process-wide: other threads see it too
+    echoed = jax_sgrnn.set_cpu_backend("auto")  # process-wide: other threads see it too
     try:
+        assert repr(echoed) == "<set_cpu_backend('auto'): set process-wide>"
         seen = []
         thread = threading.Thread(target=lambda: seen.append(jax_sgrnn.get_cpu_backend()))
         thread.start()
