@@ -371,7 +371,8 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
     const T* current = mem.Exchange(k) + p.read_offset;
     for (int b0 = 0; warp_has_unit && b0 < p.rows; b0 += kGroup) {
       // The owners read their operands from global memory before the products, which hide the
-      // loads' latency (a cp.async ring measured slower: docs/performance.md, "Fourth pass").
+      // loads' latency (a cp.async ring measured slower: docs/performance.md, "Tried and not
+      // kept").
       const T* rows[kGroup];
       T input[kGroup], mask_next[kGroup];
       StepTimes times[kGroup];
@@ -422,7 +423,7 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
 // act'(z_{k-1}) does not depend on the carry, so the owners compute it before the products,
 // which hide it, from z_{k-1} read a step ahead into the block's state; computed after the sums
 // it lay on the sequential path of every step (2-5% of the kernel at H >= 256, docs/
-// performance.md, "Seventh pass").
+// performance.md, "Floors, and what limits each row").
 template <typename T, Activation A, int kGroup, bool kWide, bool kPlain>
 __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
     BackwardKernel(Config c, Geometry g, GradientArgs<T> a) {

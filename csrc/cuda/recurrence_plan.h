@@ -22,7 +22,7 @@ namespace sgrnn::cuda {
 // Hidden units whose rows (forward) or columns (backward) of R one thread holds: each value
 // of the state that a thread reads from shared memory then feeds 4 FMAs instead of one. With
 // one unit per thread, a 16-byte shared load (4 wavefronts a warp) per 4 FMAs saturated shared
-// memory first (docs/performance.md, "Fifth pass", on an H200).
+// memory first (docs/performance.md, "Floors, and what limits each row", on an H200).
 inline constexpr int64_t kUnitsPerThread = 4;
 
 // Entries of R each thread keeps in registers: 256 bytes (64 floats). With __launch_bounds__
@@ -39,8 +39,8 @@ inline constexpr int64_t SliceLength(int64_t element_bytes, bool wide) {
 inline constexpr int64_t SlicePadding(int64_t element_bytes) { return 16 / element_bytes; }
 
 // Which kernel a plan is for. Wide blocks ran the forward faster and the backward slower than
-// narrow ones at H = 128 on an H200 (docs/performance.md, "Seventh pass": forward 418 against
-// 460 us, backward 600 against 554 at (1000,8,128)), so only the forward uses them.
+// narrow ones at H = 128 on an H200 (docs/performance.md, "Floors, and what limits each
+// row"), so only the forward uses them.
 enum class Pass { kForward, kBackward };
 
 inline constexpr int64_t kMaxThreads = 512;
