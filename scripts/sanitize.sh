@@ -6,7 +6,7 @@
 #   PYTHON=.venv/bin/python scripts/sanitize.sh            # default subset (below)
 #   PYTHON=... scripts/sanitize.sh tests/test_fuzz.py -x   # arguments go to pytest instead
 #
-# Default subset: tests/test_op*.py, test_edges.py, test_transforms.py, test_fuzz.py,
+# Default subset: tests/test_op*.py, test_transforms.py, test_fuzz.py,
 # test_handler_direct.py, test_concurrency.py, test_extreme.py, test_seq_lengths.py (those
 # present). About 10 minutes on 2 busy cores, the build included. tests/test_isa_builds.py
 # is left out (one subprocess per instruction-set build, ~25 s each normally, far slower
@@ -161,9 +161,9 @@ if [ $# -gt 0 ]; then
   done
 else
   TESTS=()
-  # The op against the reference, edge shapes, vmap (the gradient op's group axis) and the
-  # hardening tests; those absent from this checkout are skipped.
-  for f in "$REPO"/tests/test_op*.py "$REPO"/tests/test_edges.py \
+  # The op against the reference, vmap (the gradient op's group axis) and the hardening tests
+  # (edge sizes among the extremes); those absent from this checkout are skipped.
+  for f in "$REPO"/tests/test_op*.py \
            "$REPO"/tests/test_transforms.py "$REPO"/tests/test_fuzz.py \
            "$REPO"/tests/test_handler_direct.py "$REPO"/tests/test_concurrency.py \
            "$REPO"/tests/test_extreme.py "$REPO"/tests/test_seq_lengths.py; do

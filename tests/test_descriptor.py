@@ -12,7 +12,7 @@ import pytest
 
 import jax_sgrnn
 from jax_sgrnn import Activation, SingleGateRNNDescriptor
-from conftest import assert_close, make_inputs
+from conftest import ACTIVATIONS, assert_close, make_inputs
 
 op = jax_sgrnn.single_gate_rnn
 
@@ -138,3 +138,25 @@ def test_descriptor_used_by_gradients_and_reference_alike(rng):
             inputs["bias"], inputs["init_state"])
     assert_close(jax_sgrnn.single_gate_rnn_gradients(*args, descriptor=desc),
                  jax_sgrnn.reference_gradients(*args, descriptor=desc))
+
+
+# ------------------------------------------------------ integer scalars as the activation
+
+
+@pytest.mark.parametrize("make", [int, np.int8, np.int64, np.uint8, jnp.int32, jnp.int8,
+                                  lambda v: np.array(v, np.int16), lambda v: jnp.array(v)],
+                         ids=["int", "np.int8", "np.int64", "np.uint8", "jnp.int32", "jnp.int8",
+                              "np.array", "jnp.array"])
+def test_any_concrete_integer_scalar_names_an_activation(rng, make):
+    inputs = make_inputs(rng)
+    for number, name in enumerate(ACTIVATIONS):
+        assert jax_sgrnn.Activation.parse(make(number)) == jax_sgrnn.Activation.parse(name)
+    np.testing.assert_array_equal(op(**inputs, activation=make(2)),
+                                  op(**inputs, activation="tanh"))
+
+
+@pytest.mark.parametrize("value", [True, np.bool_(True), 2.0, jnp.float32(2), jnp.array([2]),
+                                   np.int32(7)], ids=str)
+def test_non_integer_or_out_of_range_activations_are_rejected(value):
+    with pytest.raises(ValueError, match="activation: expected one of"):
+        jax_sgrnn.Activation.parse(value)

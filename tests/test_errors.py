@@ -12,7 +12,7 @@ import pytest
 import jax_sgrnn
 from conftest import make_inputs
 
-op = jax_sgrnn.single_gate_rnn
+op, ref = jax_sgrnn.single_gate_rnn, jax_sgrnn.reference
 T, N, I, H = 4, 3, 3, 5
 f32, f64 = jnp.float32, jnp.float64
 
@@ -248,3 +248,29 @@ def test_forward_mode_autodiff_is_a_clear_error():
     f = lambda x: op(x, inputs["recurrent_weight"], inputs["input_weight"])
     with pytest.raises(TypeError):
         jax.jvp(f, (inputs["source"],), (jnp.ones_like(inputs["source"]),))
+
+
+# ----------------------------------------------------- None for a required argument
+
+
+@pytest.mark.parametrize("position,name", [(0, "source"), (1, "recurrent_weight")])
+@pytest.mark.parametrize("fn", [op, ref], ids=["op", "reference"])
+def test_none_for_a_required_forward_argument(rng, fn, position, name):
+    inputs = make_inputs(rng)
+    args = [inputs["source"], inputs["recurrent_weight"]]
+    args[position] = None
+    with pytest.raises(TypeError, match=f"^{name}: expected an array, got None"):
+        fn(*args)
+
+
+@pytest.mark.parametrize("position,name", [(0, "source"), (1, "recurrent_weight"),
+                                           (2, "source_gradient"), (3, "z_state")])
+@pytest.mark.parametrize("fn", [jax_sgrnn.single_gate_rnn_gradients,
+                                jax_sgrnn.reference_gradients], ids=["op", "reference"])
+def test_none_for_a_required_gradient_argument(rng, fn, position, name):
+    inputs = make_inputs(rng)
+    y = ref(**inputs)
+    args = [inputs["source"], inputs["recurrent_weight"], y, y]
+    args[position] = None
+    with pytest.raises(TypeError, match=f"^{name}: expected an array, got None"):
+        fn(*args)
