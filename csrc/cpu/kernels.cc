@@ -232,9 +232,9 @@ void ParallelRows(const Executor& ex, int64_t m, int64_t macs, F&& body) {
 
 // C = A^T B (A: [k, m], B: [k, n]; the weight gradients, k = T*N) with the k rows split across
 // the executor's threads: each thread packs only its own rows of both operands, where a split
-// of C's rows packs all of B on every thread (measured 11-21% slower per thread at the
-// benchmark's shapes). The partial products are then added in a fixed order, so the result
-// does not depend on which thread ran which part.
+// of C's rows packs all of B on every thread (slower per thread at the benchmark's shapes).
+// The partial products are then added in a fixed order, so the result does not depend on
+// which thread ran which part.
 template <typename T>
 void ParallelGemmTransposedA(const Executor& ex, int64_t m, int64_t n, int64_t k, const T* a,
                              int64_t lda, const T* b, int64_t ldb, T* c, int64_t ldc) {

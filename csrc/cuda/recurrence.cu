@@ -331,8 +331,8 @@ struct BlockMemory {
 //
 // The forward and the backward kernel have the same skeleton (the products, the sums, the
 // hand-over) and differ in what the owners read and do per row. They are written out
-// separately: one template with the per-row work in functions measured 20-55% slower
-// forwards (617 against 415 us at (1000,8,128) on an H200), with the same instructions per step.
+// separately: one template with the per-row work in functions ran the forwards markedly slower
+// with the same instructions per step (docs/performance.md, "Floors, and what limits each row").
 //
 // Forward, step k = 0, 1, ...: z_k = x_k + (h_{k-1} m_k) R^T, h_k = act(z_k); y and z are
 // stored in the direction's output slot, and the next step reads h_k m_{k+1}. A finished row

@@ -146,10 +146,10 @@ inline bool IndexesFit(int64_t T, int64_t N, int64_t D, int64_t H) {
 // Whether to run the on-chip recurrence for N rows and D directions rather than the lax.scan
 // decomposition (whose steps are cuBLAS products). Both kernels share one plan. Measured on an
 // H200 (docs/performance.md, "GPU"): the kernels are several times faster while each cluster
-// owns a few rows; at 16 rows the forward still ran (50,1024,256,256) in 0.43 ms against the
-// decomposition's 1.3 ms, and 32 rows were not compared. The lowering decides before any GPU
-// is seen, so the rows per cluster are counted for a GPU of kTypicalMultiprocessors SMs (H100,
-// H200). Both passes' plans must qualify, since one decision covers the op and its gradient.
+// owns a few rows, still faster at 16 rows; more rows a cluster were not compared. The
+// lowering decides before any GPU is seen, so the rows per cluster are counted for a GPU of
+// kTypicalMultiprocessors SMs (H100, H200). Both passes' plans must qualify, since one
+// decision covers the op and its gradient.
 inline constexpr int64_t kMaxRowsPerCluster = 16;
 inline constexpr int64_t kTypicalMultiprocessors = 132;
 

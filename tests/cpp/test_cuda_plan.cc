@@ -1,5 +1,5 @@
 // Unit test of csrc/cuda/recurrence_plan.h, the CUDA handler's split of a problem over the GPU,
-// on any machine. Built and run by tests/test_cuda_plan.py; prints each failed check and exits
+// on any machine. Built and run by tests/test_cpp_units.py; prints each failed check and exits
 // non-zero.
 #include "cuda/recurrence_plan.h"
 

@@ -1,5 +1,5 @@
 // Unit test of csrc/metal/mps_plan.{h,cc}, the MPSGraph handler's decisions, on any machine.
-// Built and run by tests/test_mps_plan.py; prints each failed check and exits non-zero.
+// Built and run by tests/test_cpp_units.py; prints each failed check and exits non-zero.
 #include "metal/mps_plan.h"
 
 #include "checks.h"
