@@ -8,6 +8,7 @@
 #include "cpu/blas.h"
 #include "cpu/kernels.h"
 #include "pybind11/pybind11.h"
+#include "sgrnn/ffi_dispatch.h"
 #include "sgrnn/ffi_schema.h"
 #include "sgrnn/handlers.h"
 #include "sgrnn/module.h"
@@ -25,11 +26,11 @@ template <size_t kBackend>
 struct MissingBackend {
   static ffi::Error Fail() {
     const std::string name = kAllTargets[kBackend].backend;
-    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
-                      "jax_sgrnn: this program was lowered for the '" + name +
-                          "' backend, whose handler is not available in this process; "
-                          "jax_sgrnn.backends()['" + name + "'].reason says why. Choose "
-                          "another with jax_sgrnn.set_cpu_backend().");
+    return Failure(ffi::ErrorCode::kFailedPrecondition,
+                   "this program was lowered for the '" + name +
+                       "' backend, whose handler is not available in this process; "
+                       "jax_sgrnn.backends()['" + name + "'].reason says why. Choose "
+                       "another with jax_sgrnn.set_cpu_backend() or jax_sgrnn.cpu_backend().");
   }
   using Buf = ffi::AnyBuffer;
   using Out = ffi::Result<ffi::AnyBuffer>;

@@ -26,17 +26,16 @@ namespace ffi = ::xla::ffi;
 constexpr ffi::DataType kF32 = ffi::DataType::F32, kF64 = ffi::DataType::F64;
 
 ffi::Error CudaError(cudaError_t err, const char* what) {
-  return ffi::Error(ffi::ErrorCode::kInternal, std::string("jax_sgrnn: CUDA ") + what + ": " +
-                                                   cudaGetErrorString(err));
+  return Failure(ffi::ErrorCode::kInternal,
+                 std::string("CUDA ") + what + ": " + cudaGetErrorString(err));
 }
 
 // What the handlers take beyond the shared schema.
 ffi::Error CheckRecurrenceOnly(const Config& c) {
   if (c.has_input_weight || c.has_bias) {
-    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
-                      "jax_sgrnn: the CUDA handler runs the recurrence only and takes the "
-                      "projected source; input_weight and bias are applied by the lowering "
-                      "(call the op through jax_sgrnn)");
+    return InvalidArgument(
+        "the CUDA handler runs the recurrence only and takes the projected source; "
+        "input_weight and bias are applied by the lowering (call the op through jax_sgrnn)");
   }
   return ffi::Error::Success();
 }
@@ -53,18 +52,16 @@ ffi::Error PlanFor(Pass pass, const Dims& d, int64_t element_bytes, RecurrencePl
   }
   if (err != cudaSuccess) return CudaError(err, "device query");
   if (!IndexesFit(d.T, d.N, d.D, d.H)) {
-    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
-                      "jax_sgrnn: the CUDA handler indexes [T, N, D*H] with 32-bit integers, and "
-                      "T*N*D*H = " + std::to_string(d.T * d.N * d.D * d.H) +
-                          " does not fit (the lowering uses the lax.scan decomposition for it)");
+    return InvalidArgument("the CUDA handler indexes [T, N, D*H] with 32-bit integers, and "
+                           "T*N*D*H = " + std::to_string(d.T * d.N * d.D * d.H) +
+                           " does not fit (the lowering uses the lax.scan decomposition for it)");
   }
   const std::optional<RecurrencePlan> plan =
       PlanRecurrence(pass, d.H, d.N, d.D, element_bytes, multiprocessors, shared);
   if (!plan) {
-    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
-                      "jax_sgrnn: hidden size " + std::to_string(d.H) +
-                          " does not fit the CUDA handler's on-chip recurrence (the lowering "
-                          "uses the lax.scan decomposition for it)");
+    return InvalidArgument("hidden size " + std::to_string(d.H) +
+                           " does not fit the CUDA handler's on-chip recurrence (the lowering "
+                           "uses the lax.scan decomposition for it)");
   }
   *out = *plan;
   return ffi::Error::Success();

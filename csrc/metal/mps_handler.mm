@@ -53,7 +53,7 @@ static_assert(MPSGraphRNNActivationNone == static_cast<NSUInteger>(Activation::k
 constexpr int kMaxOutputs = 5;  // the gradient op's dx, dR, dW, db, dh0
 
 ffi::Error Fail(ffi::ErrorCode code, const std::string& what) {
-  return ffi::Error(code, "jax_sgrnn (MPSGraph): " + what);
+  return Failure(code, "MPSGraph: " + what);
 }
 
 std::string Utf8(NSString* text) {

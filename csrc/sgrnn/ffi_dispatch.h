@@ -13,6 +13,16 @@ namespace sgrnn {
 
 namespace ffi = ::xla::ffi;
 
+// Every error a handler returns starts with the package's name, so that a user reading it in a
+// JAX traceback knows where it came from. The codes are XLA's: kInvalidArgument for input the
+// schema refuses, kInternal for a failure of ours or of the device.
+inline ffi::Error Failure(ffi::ErrorCode code, const std::string& what) {
+  return ffi::Error(code, "jax_sgrnn: " + what);
+}
+inline ffi::Error InvalidArgument(const std::string& what) {
+  return Failure(ffi::ErrorCode::kInvalidArgument, what);
+}
+
 // Runs body(), which returns an ffi::Error; an exception becomes an FFI error instead of
 // unwinding into XLA (which would end the process).
 template <typename F>
@@ -20,9 +30,9 @@ ffi::Error GuardExceptions(F&& body) {
   try {
     return body();
   } catch (const std::bad_alloc&) {
-    return ffi::Error(ffi::ErrorCode::kResourceExhausted, "jax_sgrnn: out of memory");
+    return Failure(ffi::ErrorCode::kResourceExhausted, "out of memory");
   } catch (const std::exception& e) {
-    return ffi::Error(ffi::ErrorCode::kInternal, std::string("jax_sgrnn: ") + e.what());
+    return Failure(ffi::ErrorCode::kInternal, e.what());
   }
 }
 
@@ -53,8 +63,7 @@ ffi::Error DispatchFloat(ffi::DataType dtype, const char* who, F&& body) {
     if (ran) return ffi::Error::Success();
     std::string takes;
     ((takes += (takes.empty() ? "" : " or ") + std::string(FloatOf<kTypes>::kName)), ...);
-    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
-                      std::string("jax_sgrnn: the ") + who + " handler takes " + takes);
+    return InvalidArgument(std::string("the ") + who + " handler takes " + takes);
   });
 }
 

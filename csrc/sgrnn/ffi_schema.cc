@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "sgrnn/ffi_dispatch.h"
+
 namespace sgrnn {
 namespace {
 
@@ -30,7 +32,7 @@ class Checker {
 
   ffi::Error Result() const {
     if (ok()) return ffi::Error::Success();
-    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "jax_sgrnn: " + error_);
+    return InvalidArgument(error_);
   }
 
   void Fail(const std::string& message) {
