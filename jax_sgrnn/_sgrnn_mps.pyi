@@ -7,3 +7,7 @@ def registrations() -> dict[str, Any]:
 
 def device_name() -> str:
     """The default Metal device's name, or "" when this process sees none."""
+
+def self_check() -> dict[str, Any]:
+    """Runs the self-check's problems through the MPSGraph handler; returns the report that
+    jax_sgrnn.mps_self_check documents."""
