@@ -356,6 +356,10 @@ def export_safety_checks() -> list:
             for backend in _TABLE.values() for target in backend.targets.values()]
 
 
+#: The CUDA handler's kernels use thread-block clusters (CMakeLists.txt builds sm_90 code).
+CUDA_MIN_COMPUTE_CAPABILITY = (9, 0)
+
+
 @functools.cache
 def cuda_devices_run_handler() -> bool:
     """Whether this process's NVIDIA GPUs, if it has any, can run the CUDA handler's kernels
@@ -366,7 +370,8 @@ def cuda_devices_run_handler() -> bool:
         devices = jax.devices("cuda")
     except RuntimeError:  # no CUDA backend in this process
         return True
-    return all(tuple(map(int, d.compute_capability.split("."))) >= (9, 0) for d in devices)
+    return all(tuple(map(int, d.compute_capability.split("."))) >= CUDA_MIN_COMPUTE_CAPABILITY
+               for d in devices)
 
 
 def backends_for(dtype, seq_lengths: bool = False) -> tuple[str, ...]:

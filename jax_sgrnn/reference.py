@@ -18,12 +18,16 @@ from ._spec import (Activation, Dims, SingleGateRNNDescriptor, as_arrays, comput
 
 _HIGHEST = lax.Precision.HIGHEST
 
+# Hard sigmoid: clamp(slope z + offset, 0, 1), saturated beyond +-edge (MPS's and ONNX's
+# defaults); csrc/sgrnn/core.h spells the same three numbers for the handlers.
+HARD_SIGMOID_SLOPE, HARD_SIGMOID_OFFSET, HARD_SIGMOID_EDGE = 0.2, 0.5, 2.5
+
 
 def activate(activation: Activation, z):
     """act(z) for one of the five MPSGraph activations.
 
     Written with ``where`` so that JAX's autodiff gives the spec's derivative at the kinks
-    (relu'(0) = 0, hard sigmoid' = 0 at +-2.5), as ``activate_grad`` and the handlers do,
+    (relu'(0) = 0, hard sigmoid' = 0 at its edges), as ``activate_grad`` and the handlers do,
     and so that NaN stays NaN.
     """
     if activation == Activation.NONE:
@@ -34,7 +38,9 @@ def activate(activation: Activation, z):
         return jnp.tanh(z)
     if activation == Activation.SIGMOID:
         return jax.nn.sigmoid(z)
-    return jnp.where(z >= 2.5, 1, jnp.where(z <= -2.5, 0, 0.2 * z + 0.5)).astype(z.dtype)
+    edge = HARD_SIGMOID_EDGE
+    linear = HARD_SIGMOID_SLOPE * z + HARD_SIGMOID_OFFSET
+    return jnp.where(z >= edge, 1, jnp.where(z <= -edge, 0, linear)).astype(z.dtype)
 
 
 def activate_grad(activation: Activation, z):
@@ -52,7 +58,8 @@ def activate_grad(activation: Activation, z):
         e = jnp.exp((-2 if activation == Activation.TANH else -1) * jnp.abs(z))
         scale = 4 if activation == Activation.TANH else 1
         return scale * e / ((1 + e) * (1 + e))
-    return jnp.where((z > -2.5) & (z < 2.5), 0.2 * one, zero)
+    edge = HARD_SIGMOID_EDGE
+    return jnp.where((z > -edge) & (z < edge), HARD_SIGMOID_SLOPE * one, zero)
 
 
 def direction_layout(descriptor: SingleGateRNNDescriptor, direction: int) -> tuple[bool, bool]:

@@ -29,9 +29,16 @@ enum class Activation : int32_t {
   kHardSigmoid = 4,
 };
 
+inline constexpr int32_t kActivationCount = 5;
+
 inline bool IsValidActivation(Activation a) {
-  return static_cast<int32_t>(a) >= 0 && static_cast<int32_t>(a) <= 4;
+  return static_cast<int32_t>(a) >= 0 && static_cast<int32_t>(a) < kActivationCount;
 }
+
+// Hard sigmoid: clamp(slope z + offset, 0, 1), saturated beyond +-edge (MPS's and ONNX's
+// defaults; MPSGraph does not document them). reference.py spells the same three numbers.
+inline constexpr double kHardSigmoidSlope = 0.2, kHardSigmoidOffset = 0.5,
+                        kHardSigmoidEdge = 2.5;
 
 // The typed FFI attributes of both ops: the descriptor and which optional operands are given.
 struct Config {
@@ -230,7 +237,10 @@ SGRNN_HOST_DEVICE inline T Activate(T z) {
   if constexpr (A == Activation::kTanh) return FastTanh(z);
   if constexpr (A == Activation::kSigmoid) return Sigmoid(z);
   if constexpr (A == Activation::kHardSigmoid)  // written so that NaN stays NaN
-    return z >= T(2.5) ? T(1) : (z <= T(-2.5) ? T(0) : T(0.2) * z + T(0.5));
+    return z >= T(kHardSigmoidEdge)
+               ? T(1)
+               : (z <= T(-kHardSigmoidEdge) ? T(0)
+                                            : T(kHardSigmoidSlope) * z + T(kHardSigmoidOffset));
 }
 
 template <Activation A, typename T>
@@ -240,7 +250,7 @@ SGRNN_HOST_DEVICE inline T ActivateGrad(T z) {
   if constexpr (A == Activation::kTanh) return TanhGrad(z);
   if constexpr (A == Activation::kSigmoid) return SigmoidGrad(z);
   if constexpr (A == Activation::kHardSigmoid)
-    return ((z > T(-2.5)) & (z < T(2.5))) ? T(0.2) : T(0);
+    return ((z > T(-kHardSigmoidEdge)) & (z < T(kHardSigmoidEdge))) ? T(kHardSigmoidSlope) : T(0);
 }
 
 // act(z) and act'(z) together, for the backward pass, which needs both. tanh (float) and the
