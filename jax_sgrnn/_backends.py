@@ -58,9 +58,9 @@ class Backend:
       targets: ``"forward"`` / ``"gradients"`` -> FFI target name.
       recurrence_only: its handler takes the projected source; the lowering applies the input
         weight and bias and computes dW, db and dx with XLA around it.
-      fits: ``(steps, hidden, batch, directions, itemsize, gradients) -> bool``: whether its
-        handler runs (and pays at) those sizes on this process's devices; a call that does not
-        fit lowers to the decomposition. None: every size.
+      runs_on_chip: ``(steps, hidden, batch, directions, itemsize, gradients) -> bool``:
+        whether its handler runs (and pays at) those sizes on this process's devices; a call
+        that does not lowers to the decomposition. None: every size.
       self_check: ``mps`` only: the verdict of the check of MPSGraph against this package's
         semantics (:func:`mps_self_check`): ``"not run"``, ``"passed"``, ``"failed: <fact>
         ..."`` (with the worst error seen), or ``"off"`` (``JAX_SGRNN_MPS_SELF_CHECK=0``).
@@ -79,7 +79,7 @@ class Backend:
     device: Optional[str] = None
     targets: Mapping[str, str] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
     recurrence_only: bool = False
-    fits: Optional[Callable[[int, int, int, int, int, bool], bool]] = None
+    runs_on_chip: Optional[Callable[[int, int, int, int, int, bool], bool]] = None
     self_check: Optional[str] = None
 
     def runs(self, steps: int, hidden: int, batch: int, directions: int, dtype,
@@ -87,12 +87,12 @@ class Backend:
         """Whether its handler runs a call of these sizes in ``dtype`` (the forward, or with
         ``gradients`` the gradient op). A symbolic size (shape-polymorphic export) runs where
         the handler runs every size; else the decomposition, which is right for any value."""
-        if self.fits is None:
+        if self.runs_on_chip is None:
             return True
         if not all(isinstance(s, (int, np.integer)) for s in (steps, hidden, batch)):
             return False
-        return self.fits(steps, hidden, batch, directions, self.compute_dtype(dtype).itemsize,
-                         gradients)
+        return self.runs_on_chip(steps, hidden, batch, directions,
+                                 self.compute_dtype(dtype).itemsize, gradients)
 
     @property
     def runs_here(self) -> bool:
@@ -159,12 +159,12 @@ def _import(module: str):
         return None, f"its extension module did not import ({err})"
 
 
-def _fits_on_these_gpus(recurrence_fits: Callable[..., bool], steps: int, hidden: int,
+def _runs_on_these_gpus(runs_on_chip: Callable[..., bool], steps: int, hidden: int,
                         batch: int, directions: int, itemsize: int, gradients: bool) -> bool:
-    """A CUDA build's ``fits``: its kernels run these sizes, on GPUs that can run them. The
+    """A CUDA build's ``runs_on_chip``: its kernels run these sizes, on GPUs that can run them. The
     forward and the gradient kernel share one plan, so ``gradients`` does not change it."""
     del gradients
-    return (recurrence_fits(steps, hidden, batch, directions, itemsize)
+    return (runs_on_chip(steps, hidden, batch, directions, itemsize)
             and cuda_devices_run_handler())
 
 
@@ -204,15 +204,16 @@ def _load() -> dict[str, Backend]:
             jax.ffi.register_ffi_target(
                 target, capsule, platform=_REGISTRATION_PLATFORM.get(spec.platform, spec.platform))
         device = module.device_name() if hasattr(module, "device_name") else None
-        fits = getattr(module, "recurrence_fits", None)
-        if fits is not None:  # its kernels need GPUs that can run them, too
-            fits = functools.partial(_fits_on_these_gpus, fits)
+        runs_on_chip = getattr(module, "runs_on_chip", None)
+        if runs_on_chip is not None:  # its kernels need GPUs that can run them, too
+            runs_on_chip = functools.partial(_runs_on_these_gpus, runs_on_chip)
         if device == "":
             table[spec.name] = dataclasses.replace(
                 spec, targets=targets, reason="no Metal device is visible to this process")
         else:  # a CUDA build is available wherever it imports: lowering needs no GPU
             table[spec.name] = dataclasses.replace(spec, available=True, device=device,
-                                                   targets=targets, fits=fits)
+                                                   targets=targets,
+                                                   runs_on_chip=runs_on_chip)
     return table
 
 

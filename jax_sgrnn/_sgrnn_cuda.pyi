@@ -5,6 +5,6 @@ from typing import Any
 def registrations() -> dict[str, Any]:
     """FFI target name -> handler capsule, for jax.ffi.register_ffi_target."""
 
-def recurrence_fits(steps: int, hidden: int, batch: int, directions: int, itemsize: int) -> bool:
+def runs_on_chip(steps: int, hidden: int, batch: int, directions: int, itemsize: int) -> bool:
     """Whether the recurrence kernels hold R of this size on chip and are expected to beat the
-    lax.scan decomposition for this batch (csrc/cuda/recurrence_plan.h, PreferOnChip)."""
+    lax.scan decomposition for this batch (csrc/cuda/recurrence_plan.h, RunsOnChip)."""

@@ -158,7 +158,7 @@ def test_many_training_steps_in_one_jit(rng):
     (3000, 64, False, False)])  # 23 rows per cluster: the decomposition is faster
 def test_lowering_for_cuda_emits_the_custom_calls_that_pay(rng, N, H, fwd_call, bwd_call):
     """Lowered for cuda (no GPU needed): the handler's calls and no while loop where R fits
-    and the batch is small enough for the kernel to win (recurrence_plan.h, PreferOnChip),
+    and the batch is small enough for the kernel to win (recurrence_plan.h, RunsOnChip),
     the lax.scan decomposition elsewhere."""
     inputs = make_inputs(rng, LOOP_T, N, 4, H, dtype=jnp.float32)
 

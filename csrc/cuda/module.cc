@@ -13,11 +13,11 @@
 PYBIND11_MODULE(_sgrnn_cuda, m) {
   m.doc() = "jax_sgrnn's XLA FFI handlers for the CUDA platform";
   sgrnn::DefineRegistrations(m, sgrnn::kCudaTargets, sgrnn::CudaForward, sgrnn::CudaGradients);
-  m.def("recurrence_fits", &sgrnn::cuda::PreferOnChip, pybind11::arg("steps"),
+  m.def("runs_on_chip", &sgrnn::cuda::RunsOnChip, pybind11::arg("steps"),
         pybind11::arg("hidden"), pybind11::arg("batch"), pybind11::arg("directions"),
         pybind11::arg("itemsize"),
         "Whether the recurrence kernels (the forward's and the gradient op's share one plan) "
         "hold R of this size on chip and are expected to beat the lax.scan decomposition for "
-        "this batch (csrc/cuda/recurrence_plan.h, PreferOnChip); otherwise the lowering uses "
+        "this batch (csrc/cuda/recurrence_plan.h, RunsOnChip); otherwise the lowering uses "
         "the latter.");
 }

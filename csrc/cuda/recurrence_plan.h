@@ -153,7 +153,7 @@ inline bool IndexesFit(int64_t T, int64_t N, int64_t D, int64_t H) {
 inline constexpr int64_t kMaxRowsPerCluster = 16;
 inline constexpr int64_t kTypicalMultiprocessors = 132;
 
-inline bool PreferOnChip(int64_t T, int64_t H, int64_t N, int64_t D, int64_t element_bytes) {
+inline bool RunsOnChip(int64_t T, int64_t H, int64_t N, int64_t D, int64_t element_bytes) {
   const auto qualifies = [&](Pass pass) {
     const std::optional<RecurrencePlan> plan =
         PlanRecurrence(pass, H, N, D, element_bytes, kTypicalMultiprocessors,

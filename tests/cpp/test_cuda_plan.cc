@@ -108,16 +108,16 @@ void PlansCoverTheBatch() {
 }
 
 void PreferenceFollowsRowsPerCluster() {
-  Check(PreferOnChip(1000, 128, 8, 1, 4), "(1000,8,128,128) on chip");
-  Check(PreferOnChip(100, 256, 32, 1, 4), "(100,32,256,256) on chip");
-  Check(PreferOnChip(50, 256, 1024, 1, 4), "(50,1024,256,256) on chip (16 rows per cluster)");
-  Check(!PreferOnChip(50, 256, 2048, 1, 4), "(50,2048,256,256) by scan");
-  Check(PreferOnChip(200, 512, 64, 1, 4), "(200,64,512,512) on chip");
-  Check(!PreferOnChip(100, 1024, 1, 1, 4), "H=1024 by scan");
+  Check(RunsOnChip(1000, 128, 8, 1, 4), "(1000,8,128,128) on chip");
+  Check(RunsOnChip(100, 256, 32, 1, 4), "(100,32,256,256) on chip");
+  Check(RunsOnChip(50, 256, 1024, 1, 4), "(50,1024,256,256) on chip (16 rows per cluster)");
+  Check(!RunsOnChip(50, 256, 2048, 1, 4), "(50,2048,256,256) by scan");
+  Check(RunsOnChip(200, 512, 64, 1, 4), "(200,64,512,512) on chip");
+  Check(!RunsOnChip(100, 1024, 1, 1, 4), "H=1024 by scan");
   // 32-bit element indices: T*N*D*H up to 2^31 - 1.
-  Check(PreferOnChip(65535, 256, 128, 1, 4), "T*N*H = 2^31 - 2^17 on chip");
-  Check(!PreferOnChip(65536, 256, 128, 1, 4), "T*N*H = 2^31 by scan");
-  Check(!PreferOnChip(32768, 256, 128, 2, 4), "T*N*D*H = 2^31 (bidirectional) by scan");
+  Check(RunsOnChip(65535, 256, 128, 1, 4), "T*N*H = 2^31 - 2^17 on chip");
+  Check(!RunsOnChip(65536, 256, 128, 1, 4), "T*N*H = 2^31 by scan");
+  Check(!RunsOnChip(32768, 256, 128, 2, 4), "T*N*D*H = 2^31 (bidirectional) by scan");
 }
 
 }  // namespace
