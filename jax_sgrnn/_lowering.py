@@ -14,7 +14,6 @@ computes dW, dR, db and dx from the dz its gradient call returns.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
@@ -28,21 +27,21 @@ from ._primitives import OpConfig, forward_p, forward_reference, gradients_p
 from ._primitives import gradients_reference
 from .reference import recurrent_weight_gradient
 from ._sharding import partitioned
-from ._spec import OPTIONAL_NAMES
+from ._spec import OPERANDS, OPTIONAL_NAMES
 
 
 def _ffi_operands(opt: dict, dtype) -> list:
     """Optional operands in schema order (csrc/sgrnn/ffi_schema.h's BindForward and
     BindGradients follow OPTIONAL_NAMES), in the compute dtype (the lengths in int32); absent
     ones as empty [0] placeholders."""
-    dtypes = {name: jnp.int32 if name == "seq_lengths" else dtype for name in OPTIONAL_NAMES}
+    dtypes = {n: jnp.int32 if OPERANDS[n].kind == "lengths" else dtype for n in OPTIONAL_NAMES}
     return [jnp.zeros((0,), dtypes[n]) if opt[n] is None else opt[n].astype(dtypes[n])
             for n in OPTIONAL_NAMES]
 
 
 def _recurrence_only(config: OpConfig) -> OpConfig:
     """The config of a recurrence-only backend's custom call: no input weight or bias."""
-    return dataclasses.replace(config, has_input_weight=False, has_bias=False)
+    return config.without("input_weight", "bias")
 
 
 def _project(x, W, b):
@@ -82,14 +81,14 @@ def _ffi_gradients(x, R, dy, z, *rest, config: OpConfig, backend: Backend) -> li
         return _recurrence_only_gradients(x, R, dy, z, opt, config=config, backend=backend)
     x, dy = x.astype(cdt), dy.astype(cdt)
     results = (result((G, T, N, I)), result((G, D, H, H)),
-               result((G, D * H, I), config.has_input_weight), result((G, D * H), config.has_bias),
-               result((G, N, D * H), config.has_init_state))
+               result((G, D * H, I), config.has("input_weight")),
+               result((G, D * H), config.has("bias")), result((G, N, D * H), config.has("init_state")))
     dx, dR, dW, db, dh0 = jax.ffi.ffi_call(backend.targets["gradients"], results)(
         x, R.astype(cdt).reshape(D, H, H), dy, z.astype(cdt), *_ffi_operands(opt, cdt),
         **config.ffi_attributes())
-    grads = [dx, dR.reshape(G, *R.shape)]
-    grads += [g for g, here in zip((dW, db, dh0), config.present[:3]) if here]
-    return [g.astype(dtype) for g in grads]
+    grads = dict(source=dx, recurrent_weight=dR.reshape(G, *R.shape), input_weight=dW, bias=db,
+                 init_state=dh0)  # the schema's results: each differentiable input's gradient
+    return [grads[n].astype(dtype) for n in config.gradient_names()]
 
 
 def _recurrence_only_gradients(x, R, dy, z, opt: dict, *, config: OpConfig,
@@ -101,7 +100,7 @@ def _recurrence_only_gradients(x, R, dy, z, opt: dict, *, config: OpConfig,
     dtype, cdt = x.dtype, backend.compute_dtype(x.dtype)
     G, T, N, _ = x.shape
     D, H = config.descriptor.directions, R.shape[-1]
-    has_h0 = config.has_init_state
+    has_h0 = config.has("init_state")
     empty = jax.ShapeDtypeStruct((0,), cdt)
     results = (jax.ShapeDtypeStruct((G, T, N, D * H), cdt), empty, empty, empty,
                jax.ShapeDtypeStruct((G, N, D * H) if has_h0 else (0,), cdt))
@@ -120,7 +119,7 @@ def _recurrence_only_gradients(x, R, dy, z, opt: dict, *, config: OpConfig,
              dR.reshape(G, *R.shape)]
     if W is not None:
         grads.append(jnp.einsum("gtnh,gtni->ghi", dz, x, precision=hi))
-    if config.has_bias:
+    if config.has("bias"):
         grads.append(dz.sum(axis=(1, 2)))
     if has_h0:
         grads.append(dh0)

@@ -1,7 +1,7 @@
 """The two primitives (forward, gradients): abstract evaluation, batching and JVP rules.
 
 Operands are ``x, R`` (plus ``dy, z`` for the gradients) followed by the optional inputs that
-are present, in the order ``input_weight, bias, init_state, mask, seq_lengths``;
+are present, in the order of ``_spec.INPUTS`` (the operand table every rule here derives from);
 :class:`OpConfig` says which. The mask arrives normalised: rank 3 (``[Tm, Nm, Hm]``, each 1 or
 full) in the compute dtype (``_spec.compute_dtype``); the lengths as int32 in [0, T]. The
 gradient primitive carries a leading axis ``G`` of independent problems that share the weights
@@ -22,52 +22,58 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching
 from jax.sharding import PartitionSpec
 
-from ._spec import (OPTIONAL_NAMES, Dims, SingleGateRNNDescriptor, check_shapes, shape_of,
-                    spec_of)
+from ._spec import (INPUTS, OPERANDS, OPTIONAL_NAMES, REQUIRED_NAMES, STATE_INPUTS, Dims,
+                    SingleGateRNNDescriptor, check_shapes, shape_of, spec_of)
 from .reference import reference, reference_gradients
 
 
 @dataclasses.dataclass(frozen=True)
 class OpConfig:
-    """Static parameters of both primitives: the descriptor, which inputs are present, and the
-    backends the call lowers to (``_backends.backends_for``; none: the decomposition).
+    """Static parameters of both primitives: the descriptor, which optional inputs are given,
+    and the backends the call lowers to (``_backends.backends_for``; none: the decomposition).
 
     ``descriptor.training`` says whether the forward primitive returns z; the gradient
     primitive's config always has it False (the gradient op takes no such flag).
     """
 
     descriptor: SingleGateRNNDescriptor
-    has_input_weight: bool
-    has_bias: bool
-    has_init_state: bool
-    has_mask: bool
-    has_seq_lengths: bool = False
+    given: tuple[str, ...] = ()  # the optional inputs present, in OPTIONAL_NAMES order
     backends: tuple[str, ...] = ()
 
     @classmethod
-    def of(cls, descriptor, input_weight, bias, init_state, mask, seq_lengths=None,
-           backends: tuple[str, ...] = ()) -> "OpConfig":
-        return cls(descriptor=descriptor, has_input_weight=input_weight is not None,
-                   has_bias=bias is not None, has_init_state=init_state is not None,
-                   has_mask=mask is not None, has_seq_lengths=seq_lengths is not None,
+    def of(cls, descriptor: SingleGateRNNDescriptor, backends: tuple[str, ...] = (),
+           **optionals) -> "OpConfig":
+        """The config of a call with these optional inputs (None: absent)."""
+        return cls(descriptor=descriptor,
+                   given=tuple(n for n in OPTIONAL_NAMES if optionals.get(n) is not None),
                    backends=backends)
 
-    @property
-    def present(self) -> tuple[bool, bool, bool, bool, bool]:
-        """Whether each of ``OPTIONAL_NAMES`` is given."""
-        return (self.has_input_weight, self.has_bias, self.has_init_state, self.has_mask,
-                self.has_seq_lengths)
+    def has(self, name: str) -> bool:
+        """Whether the operand ``name`` (any of ``_spec.OPERANDS``) is part of the call."""
+        return OPERANDS[name].required or name in self.given
+
+    def without(self, *names: str) -> "OpConfig":
+        return dataclasses.replace(self, given=tuple(n for n in self.given if n not in names))
+
+    def operand_names(self, gradients: bool) -> list[str]:
+        """The primitive's operands: ``source, recurrent_weight`` (then the gradient op's
+        ``source_gradient, z_state``), then the optional inputs given."""
+        state = [o.name for o in STATE_INPUTS] if gradients else []
+        return [*REQUIRED_NAMES, *state, *self.given]
+
+    def gradient_names(self) -> list[str]:
+        """The inputs the gradient primitive returns gradients of, in its result order."""
+        return [o.name for o in INPUTS if o.differentiable and self.has(o.name)]
 
     def optionals(self, operands: Sequence) -> dict:
         """The present optional operands (the tail of ``operands``) by name, None for the rest."""
-        it = iter(operands)
-        return {name: next(it) if here else None
-                for name, here in zip(OPTIONAL_NAMES, self.present)}
+        by_name = dict(zip(self.given, operands))
+        return {name: by_name.get(name) for name in OPTIONAL_NAMES}
 
     @staticmethod
-    def pack(**optionals) -> list:
+    def pack(optionals: dict) -> list:
         """The present optional operands in primitive order."""
-        return [optionals[n] for n in OPTIONAL_NAMES if optionals[n] is not None]
+        return [optionals[n] for n in OPTIONAL_NAMES if optionals.get(n) is not None]
 
     def with_training(self, training: bool) -> "OpConfig":
         return dataclasses.replace(self, descriptor=self.descriptor.replace(training=training))
@@ -77,10 +83,7 @@ class OpConfig:
         d = self.descriptor
         return dict(activation=np.int32(d.activation), reverse=np.bool_(d.reverse),
                     bidirectional=np.bool_(d.bidirectional), training=np.bool_(d.training),
-                    has_input_weight=np.bool_(self.has_input_weight),
-                    has_bias=np.bool_(self.has_bias), has_init_state=np.bool_(self.has_init_state),
-                    has_mask=np.bool_(self.has_mask),
-                    has_seq_lengths=np.bool_(self.has_seq_lengths))
+                    **{f"has_{n}": np.bool_(n in self.given) for n in OPTIONAL_NAMES})
 
 
 def _result_aval(x, shape, spec=None) -> jax.core.ShapedArray:
@@ -157,41 +160,38 @@ def _fold(a, bdim: Optional[int], size: int, axis: int, full: int):
     return a.reshape(*a.shape[:axis], size * full, *a.shape[axis + 2:])
 
 
-def _batch_rule(primitive: Primitive, decomposition, n_leading: int, axis: int):
+def _batch_rule(primitive: Primitive, decomposition, gradients: bool):
     """The batching rule of either primitive.
 
-    Its first ``n_leading`` operands are ``x, R`` (forward) or ``x, R, dy, z`` (gradients);
-    the mapped axis folds into their axis ``axis`` (N for the forward, the group axis G for the
-    gradients), and into the same axis of the mask and axis 0 of the initial state and the
-    sequence lengths, so the batch stays one call of the same kernel (per-example weight
-    gradients included). Mapped weights (R, W or b) cannot join one call: those get a batched
-    scan of the decomposition.
+    The mapped axis folds into every operand that tells problems apart (``_spec.Operand``'s
+    ``grouped``): for the forward into its batch axis ``N``, for the gradients into the
+    group axis ``G``; a mask broadcast along that axis stays broadcast. So the batch stays one
+    call of the same kernel (per-example weight gradients included). Mapped shared operands
+    (the weights) cannot join one call: those get a batched scan of the decomposition.
     """
     def rule(args, dims, *, config: OpConfig):
         size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
-        opt_dims = config.optionals(dims[n_leading:])
-        if any(d is not None for d in (dims[1], opt_dims["input_weight"], opt_dims["bias"])):
+        operands = [OPERANDS[n] for n in config.operand_names(gradients)]
+        if any(d is not None and not o.grouped for o, d in zip(operands, dims)):
             out = jax.vmap(functools.partial(decomposition, config=config), in_axes=dims)(*args)
             return out, [0] * len(out)
+        axis = 0 if gradients else OPERANDS["source"].batch_axis  # the results' folded axis
         x, xd = args[0], dims[0]
         full = x.shape[axis + (xd is not None and xd <= axis)]  # x's unmapped size at `axis`
-        leading = [a if i == 1 else _fold(a, d, size, axis, full)
-                   for i, (a, d) in enumerate(zip(args[:n_leading], dims[:n_leading]))]
-        opt = config.optionals(args[n_leading:])
-        for name in ("init_state", "seq_lengths"):
-            if opt[name] is not None:
-                opt[name] = _fold(opt[name], opt_dims[name], size, 0, full)
-        mask, mask_dim = opt["mask"], opt_dims["mask"]
-        if mask is not None and (mask_dim is not None or mask.shape[axis] != 1):
-            opt["mask"] = _fold(mask, mask_dim, size, axis, full)
-        out = primitive.bind(*leading, *OpConfig.pack(**opt), config=config)
+        folded = []
+        for o, a, d in zip(operands, args, dims):
+            at = 0 if gradients else o.batch_axis
+            if o.grouped and not (o.kind == "mask" and d is None and a.shape[at] == 1):
+                a = _fold(a, d, size, at, full)
+            folded.append(a)
+        out = primitive.bind(*folded, config=config)
         return ([o.reshape(*o.shape[:axis], size, full, *o.shape[axis + 1:]) for o in out],
                 [axis] * len(out))
     return rule
 
 
 batching.primitive_batchers[forward_p] = _batch_rule(forward_p, forward_reference,
-                                                     n_leading=2, axis=1)
+                                                     gradients=False)
 
 # --------------------------------------------------------------------------- gradients
 
@@ -202,16 +202,18 @@ gradients_p.multiple_results = True
 def gradient_dims(x, R, dy, z, rest, config: OpConfig) -> tuple[int, Dims]:
     """Validates the grouped gradient operands; returns (G, problem sizes)."""
     G = x.shape[0] if len(x.shape) == 4 else None
-    opt = config.optionals(rest)
-    grouped = [("source", x), ("source_gradient", dy), ("z_state", z),
-               ("init_state", opt["init_state"]), ("seq_lengths", opt["seq_lengths"])]
-    for name, a in grouped:
-        if a is not None and (len(a.shape) < 1 or a.shape[0] != G):
+    operands = dict(zip(config.operand_names(gradients=True), (x, R, dy, z, *rest)))
+    for name, a in operands.items():
+        if not OPERANDS[name].grouped:
+            continue
+        if OPERANDS[name].kind == "mask":
+            if a.shape[0] not in (1, G):
+                raise ValueError(f"{name}: expected a leading group axis of size 1 or {G}")
+        elif len(a.shape) < 1 or a.shape[0] != G:
             raise ValueError(f"{name}: expected a leading group axis of size {G}, got "
                              f"{tuple(a.shape)}")
-    if opt["mask"] is not None and opt["mask"].shape[0] not in (1, G):
-        raise ValueError(f"mask: expected a leading group axis of size 1 or {G}")
     strip = lambda a: None if a is None else tuple(a.shape[1:])
+    opt = config.optionals(rest)
     dims = check_shapes(strip(x), R.shape, shape_of(opt["input_weight"]), shape_of(opt["bias"]),
                         strip(opt["init_state"]), strip(opt["mask"]),
                         config.descriptor.bidirectional,
@@ -222,21 +224,20 @@ def gradient_dims(x, R, dy, z, rest, config: OpConfig) -> tuple[int, Dims]:
 
 def _gradients_abstract_eval(x, R, dy, z, *rest, config: OpConfig):
     G, _ = gradient_dims(x, R, dy, z, rest, config)
-    return _gradient_avals(G, x, R, rest, config)
+    operands = dict(zip(config.operand_names(gradients=True), (x, R, dy, z, *rest)))
+    return _gradient_avals(G, operands, config)
 
 
-def _gradient_avals(G, x, R, rest, config: OpConfig) -> list:
-    """dx, dR, then dW, db, dh0 for the inputs present, each with the leading G axis and
-    typed like its input."""
-    opt = config.optionals(rest)
+def _gradient_avals(G, operands: dict, config: OpConfig) -> list:
+    """The gradient of each differentiable input given (``OpConfig.gradient_names``), typed
+    like its input with a leading G axis (grouped inputs have theirs already) sharded as the
+    source's."""
+    x = operands["source"]
     group = spec_of(x)[0]
-    avals = [_result_aval(x, x.shape, spec_of(x)),
-             _result_aval(x, (G, *R.shape), (group, *spec_of(R)))]
-    avals += [_result_aval(x, (G, *opt[n].shape), (group, *spec_of(opt[n])))
-              for n in ("input_weight", "bias") if opt[n] is not None]
-    if opt["init_state"] is not None:
-        avals.append(_result_aval(x, (G, *opt["init_state"].shape[1:]),
-                                  (group, *spec_of(opt["init_state"])[1:])))
+    avals = []
+    for name in config.gradient_names():
+        a, skip = operands[name], int(OPERANDS[name].grouped)
+        avals.append(_result_aval(x, (G, *a.shape[skip:]), (group, *spec_of(a)[skip:])))
     return avals
 
 
@@ -248,10 +249,9 @@ def gradients_reference(x, R, dy, z, *rest, config: OpConfig, unroll: int = 1) -
     """The gradient primitive by explicit BPTT in ``lax.scan`` (the portable lowering, with
     ``unroll`` steps per loop iteration)."""
     opt = config.optionals(rest)
-    axes = dict(input_weight=None, bias=None, init_state=0, seq_lengths=0,
-                mask=None if opt["mask"] is None or opt["mask"].shape[0] == 1 else 0)
-    if axes["mask"] is None and opt["mask"] is not None:
-        opt["mask"] = opt["mask"][0]
+    axes = {n: 0 if OPERANDS[n].grouped else None for n in OPTIONAL_NAMES}
+    if opt["mask"] is not None and opt["mask"].shape[0] == 1:  # one mask for every group
+        axes["mask"], opt["mask"] = None, opt["mask"][0]
 
     def one(x, dy, z, opt):
         return reference_gradients(x, R, dy, z, descriptor=config.descriptor, unroll=unroll,
@@ -265,6 +265,6 @@ def gradients_reference(x, R, dy, z, *rest, config: OpConfig, unroll: int = 1) -
 
 
 batching.primitive_batchers[gradients_p] = _batch_rule(gradients_p, gradients_reference,
-                                                       n_leading=4, axis=0)
+                                                       gradients=True)
 ad.primitive_jvps[forward_p] = _jvp_of_decomposition(forward_reference)
 ad.primitive_jvps[gradients_p] = _jvp_of_decomposition(gradients_reference)

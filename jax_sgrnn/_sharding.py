@@ -9,7 +9,8 @@ no communication at all.
 
 This is done with ``jax.experimental.custom_partitioning`` inside the lowering rule (it has no
 batching or JVP rules, so it cannot wrap the primitives themselves): Shardy propagates
-shardings through the ``sharding_rule`` built from :data:`BATCH_AXIS`, and at partitioning time
+shardings through the ``sharding_rule`` built from each operand's ``batch_axis`` (the operand
+table, ``_spec.INPUTS``), and at partitioning time
 :func:`_partition` asks for each operand sharded along ``G`` and ``N`` as the source is and
 replicated along every other axis; XLA reshards whatever arrives otherwise (a time-sharded
 source, sharded weights), so every sharding gives correct results.
@@ -27,28 +28,7 @@ from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding, PartitionSpec
 
 from ._primitives import OpConfig, forward_p, gradients_p
-from ._spec import OPTIONAL_NAMES
-
-#: The axis of each operand (of one problem, without the group axis) that is the batch axis
-#: ``N``; None where there is none. "state" is the layout of ``y``, ``z`` and ``dy``. In the
-#: gradient primitive, every operand with an ``N`` axis also leads with the group axis ``G``,
-#: and each result (the gradient of an input) is laid out as that input with ``G`` in front.
-#: An operand's axis counts as ``N`` (or ``G``) only at full size: a mask broadcast along the
-#: batch (size 1 there) is replicated. A new operand needs one entry here.
-BATCH_AXIS: dict[str, Optional[int]] = {
-    "source": 1,
-    "recurrent_weight": None,
-    "state": 1,
-    "input_weight": None,
-    "bias": None,
-    "init_state": 0,
-    "mask": 1,
-    "seq_lengths": 0,
-}
-
-#: The inputs the gradient primitive returns gradients for, in its result order (after
-#: ``source`` and ``recurrent_weight``), those present.
-_DIFFERENTIABLE_OPTIONALS = ("input_weight", "bias", "init_state")
+from ._spec import OPERANDS
 
 # The lowering of custom_partitioning needs the program's devices (to build the mesh its
 # partitioning callback sees); JAX provides them only for programs holding a primitive in this
@@ -99,14 +79,13 @@ def partitioned(ctx, custom_call: Callable, config: OpConfig) -> Callable:
 
 
 def _layout_names(grouped: bool, config: OpConfig) -> tuple[list[str], list[str]]:
-    """The :data:`BATCH_AXIS` entry of each operand and each result of the primitive."""
-    present = [n for n, here in zip(OPTIONAL_NAMES, config.present) if here]
+    """The operand-table entry (``_spec.OPERANDS``) whose layout each operand and each result
+    of the primitive has: results are gradients laid out as their inputs, or y and z, laid out
+    as the gradient op's ``z_state``."""
     if not grouped:
         outputs = 2 if config.descriptor.training else 1
-        return ["source", "recurrent_weight", *present], ["state"] * outputs
-    gradients = [n for n in _DIFFERENTIABLE_OPTIONALS if n in present]
-    return (["source", "recurrent_weight", "state", "state", *present],
-            ["source", "recurrent_weight", *gradients])
+        return config.operand_names(gradients=False), ["z_state"] * outputs
+    return config.operand_names(gradients=True), config.gradient_names()
 
 
 def _roles(grouped: bool, operands: Sequence[str], results: Sequence[str],
@@ -121,12 +100,12 @@ def _roles(grouped: bool, operands: Sequence[str], results: Sequence[str],
         roles: list[Optional[str]] = [None] * len(shape)
         if has_group and shape[0] == group_size:
             roles[0] = GROUP
-        batch = BATCH_AXIS[name]
+        batch = OPERANDS[name].batch_axis
         if batch is not None and shape[batch + has_group] == batch_size:
             roles[batch + has_group] = BATCH
         return tuple(roles)
 
-    return ([one(n, s, grouped and BATCH_AXIS[n] is not None)
+    return ([one(n, s, grouped and OPERANDS[n].grouped)
              for n, s in zip(operands, operand_shapes)],
             [one(n, s, grouped) for n, s in zip(results, result_shapes)])
 

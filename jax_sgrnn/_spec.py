@@ -130,8 +130,56 @@ def compute_dtype(dtype):
     their own dtype. (Each native backend states its own rule: ``_backends.Backend``.)"""
     return jnp.float32 if jnp.dtype(dtype).itemsize < 4 else dtype
 
-# Names the public API uses for each operand, so messages match the user's call.
-OPTIONAL_NAMES = ("input_weight", "bias", "init_state", "mask", "seq_lengths")
+
+@dataclasses.dataclass(frozen=True)
+class Operand:
+    """One operand of the two ops, with the rules every layer derives from it: the optional
+    operands' order (the primitives' and the FFI schema's), the presence attributes, the batch
+    and group axes (batching, sharding), the gradients and the cotangents, the dtype checks.
+
+    Attributes:
+      name: the public API's argument name, so messages match the user's call.
+      batch_axis: the axis that is ``N`` in one problem; None for operands every row shares
+        (the weights). Operands with a batch axis also lead with the group axis ``G`` in the
+        gradient primitive; the others are shared by its groups.
+      differentiable: the gradient op returns its gradient (in this table's order).
+      kind: ``"float"`` (the source's float dtype), ``"mask"`` (bool or float, converted to
+        the compute dtype; each axis 1 or full) or ``"lengths"`` (integer, sent as int32).
+      required: the op cannot run without it.
+    """
+
+    name: str
+    batch_axis: Optional[int]
+    differentiable: bool
+    kind: str = "float"
+    required: bool = False
+
+    @property
+    def grouped(self) -> bool:
+        return self.batch_axis is not None
+
+
+#: The inputs of both ops, in the primitives' order: required first, then the optional ones.
+#: A new operand is one row here, one in csrc/sgrnn/ffi_schema.h, and the kernels' use of it
+#: (docs/design.md, "Adding an operand").
+INPUTS = (
+    Operand("source", batch_axis=1, differentiable=True, required=True),
+    Operand("recurrent_weight", batch_axis=None, differentiable=True, required=True),
+    Operand("input_weight", batch_axis=None, differentiable=True),
+    Operand("bias", batch_axis=None, differentiable=True),
+    Operand("init_state", batch_axis=0, differentiable=True),
+    Operand("mask", batch_axis=1, differentiable=False, kind="mask"),
+    Operand("seq_lengths", batch_axis=0, differentiable=False, kind="lengths"),
+)
+#: The gradient op's own inputs, laid out like ``y`` (as are ``y`` and ``z``); in the gradient
+#: primitive they follow ``source`` and ``recurrent_weight``.
+STATE_INPUTS = (
+    Operand("source_gradient", batch_axis=1, differentiable=False, required=True),
+    Operand("z_state", batch_axis=1, differentiable=False, required=True),
+)
+OPERANDS = {o.name: o for o in INPUTS + STATE_INPUTS}
+REQUIRED_NAMES = tuple(o.name for o in INPUTS if o.required)
+OPTIONAL_NAMES = tuple(o.name for o in INPUTS if not o.required)
 
 
 def _fail(name: str, expected: str, got) -> None:
@@ -194,20 +242,21 @@ def check_shapes(
 
 
 def check_dtypes(**arrays) -> np.dtype:
-    """The one float dtype shared by all given arrays (``None`` entries, ``mask`` and
-    ``seq_lengths`` excepted)."""
+    """The one float dtype shared by all given arrays (``None`` entries skipped; the mask and
+    the lengths checked by their own kind)."""
     dtype = None
     for name, a in arrays.items():
         if a is None:
             continue
         dt = np.dtype(a.dtype)
-        if name == "seq_lengths":
+        kind = OPERANDS[name].kind
+        if kind == "lengths":
             if not jnp.issubdtype(dt, jnp.integer):
-                raise TypeError(f"seq_lengths: expected an integer dtype, got {dt}")
+                raise TypeError(f"{name}: expected an integer dtype, got {dt}")
             continue
-        if name == "mask":
+        if kind == "mask":
             if dt != np.bool_ and not jnp.issubdtype(dt, jnp.floating):
-                raise TypeError(f"mask: expected a bool or float dtype, got {dt}")
+                raise TypeError(f"{name}: expected a bool or float dtype, got {dt}")
             continue
         if dt not in [np.dtype(d) for d in FLOAT_DTYPES]:
             raise TypeError(f"{name}: expected float16, bfloat16, float32 or float64, got {dt}")
@@ -253,8 +302,9 @@ def validate(source, recurrent_weight, input_weight, bias, init_state, mask,
     for name, a in (("source", source), ("recurrent_weight", recurrent_weight),
                     *state_arrays):
         if a is None:
-            raise TypeError(f"{name}: expected an array, got None (only input_weight, bias, "
-                            "init_state, mask and seq_lengths are optional)")
+            raise TypeError(f"{name}: expected an array, got None (only "
+                            f"{', '.join(OPTIONAL_NAMES[:-1])} and {OPTIONAL_NAMES[-1]} are "
+                            "optional)")
     dtype = check_dtypes(source=source, recurrent_weight=recurrent_weight,
                          input_weight=input_weight, bias=bias, init_state=init_state, mask=mask,
                          **dict(state_arrays), seq_lengths=seq_lengths)

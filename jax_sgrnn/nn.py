@@ -18,7 +18,7 @@ op's layout (``input_weight`` ``[D*H, I]``, ``recurrent_weight`` ``[H, H]`` or `
 from __future__ import annotations
 
 import math
-from typing import Literal, Optional, Sequence, Union
+from typing import Literal, Optional, Sequence, TypedDict, Union, Unpack
 
 import jax
 import jax.numpy as jnp
@@ -29,12 +29,30 @@ from ._spec import Activation, SingleGateRNNDescriptor, check_shapes, shape_of
 from .ops import single_gate_rnn
 from .reference import reference
 
-__all__ = ["SingleGateRNN", "StackedSingleGateRNN", "final_state", "symmetric_uniform"]
+__all__ = ["LayerOptions", "SingleGateRNN", "StackedSingleGateRNN", "final_state",
+           "symmetric_uniform"]
 
 Impl = Literal["op", "reference"]
 # What a call takes for an array, as the functional ops do (they call jnp.asarray).
 ArrayLike = Union[jax.typing.ArrayLike, Sequence]
 _IMPLS = {"op": single_gate_rnn, "reference": reference}
+
+
+class LayerOptions(TypedDict, total=False):
+    """The keyword options of :class:`SingleGateRNN` that :class:`StackedSingleGateRNN` applies
+    to each of its layers (their defaults and meaning: :class:`SingleGateRNN`)."""
+
+    activation: Union[Activation, str, int]
+    bidirectional: bool
+    use_bias: bool
+    use_input_weight: bool
+    time_major: bool
+    impl: Impl
+    dtype: Optional[jnp.dtype]
+    param_dtype: jnp.dtype
+    input_weight_init: Optional[Initializer]
+    recurrent_weight_init: Optional[Initializer]
+    bias_init: Optional[Initializer]
 
 
 def symmetric_uniform(bound: float) -> Initializer:
@@ -274,8 +292,9 @@ class StackedSingleGateRNN(nnx.Module):
       num_layers: the number of layers (>= 1).
       dropout: dropout rate on the inputs of layers 2..L.
       recurrent_dropout: variational dropout rate on the recurrent input (via the mask).
-      activation, bidirectional, use_bias, use_input_weight, time_major, impl, dtype,
-        param_dtype, input_weight_init, recurrent_weight_init, bias_init: as for
+      layer_options: :class:`LayerOptions` (``activation``, ``bidirectional``, ``use_bias``,
+        ``use_input_weight``, ``time_major``, ``impl``, ``dtype``, ``param_dtype``,
+        ``input_weight_init``, ``recurrent_weight_init``, ``bias_init``): as for
         :class:`SingleGateRNN`, applied to every layer.
       rngs: ``params`` initialises the layers; ``dropout`` (or the default stream) draws the
         dropout masks.
@@ -289,35 +308,23 @@ class StackedSingleGateRNN(nnx.Module):
         *,
         dropout: float = 0.0,
         recurrent_dropout: float = 0.0,
-        activation: Union[Activation, str, int] = "tanh",
-        bidirectional: bool = False,
-        use_bias: bool = True,
-        use_input_weight: bool = True,
-        time_major: bool = False,
-        impl: Impl = "op",
-        dtype: Optional[jnp.dtype] = None,
-        param_dtype: jnp.dtype = jnp.float32,
-        input_weight_init: Optional[Initializer] = None,
-        recurrent_weight_init: Optional[Initializer] = None,
-        bias_init: Optional[Initializer] = None,
         rngs: nnx.Rngs,
+        **layer_options: Unpack[LayerOptions],
     ):
         if num_layers < 1:
             raise ValueError(f"num_layers must be >= 1, got {num_layers}")
         for name, rate in (("dropout", dropout), ("recurrent_dropout", recurrent_dropout)):
             if not 0.0 <= rate < 1.0:
                 raise ValueError(f"{name}: expected a rate in [0, 1), got {rate}")
-        D = 2 if bidirectional else 1
-        self.time_major = time_major
-        self.layers = nnx.List([
-            SingleGateRNN(in_features if i == 0 else D * hidden_features, hidden_features,
-                          activation=activation, bidirectional=bidirectional,
-                          use_bias=use_bias, use_input_weight=use_input_weight,
-                          time_major=time_major, impl=impl, dtype=dtype,
-                          param_dtype=param_dtype, input_weight_init=input_weight_init,
-                          recurrent_weight_init=recurrent_weight_init, bias_init=bias_init,
-                          rngs=rngs)
-            for i in range(num_layers)])
+        unknown = sorted(set(layer_options) - set(LayerOptions.__annotations__))
+        if unknown:  # reverse among them: reversed layers would flip time at every layer
+            raise TypeError(f"StackedSingleGateRNN.__init__() got unexpected keyword "
+                            f"argument(s) {', '.join(map(repr, unknown))}")
+        first = SingleGateRNN(in_features, hidden_features, rngs=rngs, **layer_options)
+        self.time_major = first.time_major
+        self.layers = nnx.List([first] + [
+            SingleGateRNN(first.out_features, hidden_features, rngs=rngs, **layer_options)
+            for _ in range(num_layers - 1)])
         self.dropout = nnx.Dropout(dropout, rngs=rngs)
         self.recurrent_dropout = nnx.Dropout(recurrent_dropout, rngs=rngs)
 

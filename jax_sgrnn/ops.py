@@ -15,8 +15,8 @@ from jax.custom_derivatives import SymbolicZero, custom_vjp_primal_tree_values
 from . import _lowering  # noqa: F401  (registers the lowerings)
 from ._backends import backends_for
 from ._primitives import OpConfig, forward_p, gradients_p
-from ._spec import (Activation, SingleGateRNNDescriptor, as_arrays, compute_dtype,
-                    resolve_descriptor, seq_lengths_operand, validate)
+from ._spec import (INPUTS, OPERANDS, OPTIONAL_NAMES, Activation, SingleGateRNNDescriptor,
+                    as_arrays, compute_dtype, resolve_descriptor, seq_lengths_operand, validate)
 from .reference import reference, without_padding
 
 ArrayLike = jax.typing.ArrayLike
@@ -40,9 +40,11 @@ def _normalise(source, recurrent_weight, input_weight, bias, init_state, mask, s
         lengths = seq_lengths_operand(lengths, dims.T)
         # Padding content reaches no path (the handlers' dW takes dz^T x over all steps).
         x, h0, m = without_padding(lengths, dims.T, x, h0, m)
-    config = OpConfig.of(desc.replace(training=False), W, b, h0, m, lengths,
-                         backends_for(dtype, seq_lengths=lengths is not None))
-    return config, x, R, (W, b, h0, m, lengths), [a for _, a in state_arrays]
+    optionals = (W, b, h0, m, lengths)
+    config = OpConfig.of(desc.replace(training=False),
+                         backends_for(dtype, seq_lengths=lengths is not None),
+                         **dict(zip(OPTIONAL_NAMES, optionals)))
+    return config, x, R, optionals, [a for _, a in state_arrays]
 
 
 def _varying_axes(a) -> frozenset:
@@ -70,21 +72,23 @@ def _bind_forward(config, training, x, R, *optionals):
                           config=config.with_training(training))
 
 
-def _bind_gradients(config, x, R, dy, z, W, b, h0, m, lengths) -> list:
-    """The gradient primitive for one problem (a group axis of size 1 added and removed)."""
-    lead = lambda a: None if a is None else a[None]
-    grouped = (W, b, lead(h0), lead(m), lead(lengths))
-    out = gradients_p.bind(x[None], R, dy[None], z[None], *(a for a in grouped if a is not None),
+def _bind_gradients(config, x, R, dy, z, *optionals) -> list:
+    """The gradient primitive for one problem (a group axis of size 1 added to the operands
+    that have one, and removed from the results)."""
+    operands = dict(zip(config.operand_names(gradients=True), (x, R, dy, z)))
+    operands.update((n, a) for n, a in zip(OPTIONAL_NAMES, optionals) if a is not None)
+    out = gradients_p.bind(*(a[None] if OPERANDS[n].grouped else a for n, a in operands.items()),
                            config=config)
     return [g[0] for g in out]
 
 
-def _cotangents(config, x, R, W, b, h0, m, lengths, z, dy) -> tuple:
-    """Cotangents for (x, R, W, b, h0, mask, seq_lengths) from the gradient op; the mask and
-    the lengths get none."""
-    grads = iter(_bind_gradients(config, x, R, dy, z, W, b, h0, m, lengths))
-    dx, dR = next(grads), next(grads)
-    return (dx, dR, *(None if a is None else next(grads) for a in (W, b, h0)), None, None)
+def _cotangents(config, x, R, *optionals_and_z_dy) -> tuple:
+    """Cotangents for every input (``_spec.INPUTS``) from the gradient op; those that are not
+    differentiable (the mask, the lengths) or absent get none."""
+    *optionals, z, dy = optionals_and_z_dy
+    grads = iter(_bind_gradients(config, x, R, dy, z, *optionals))
+    return tuple(next(grads) if o.differentiable and a is not None else None
+                 for o, a in zip(INPUTS, (x, R, *optionals)))
 
 
 # y only: the primal call skips z; under differentiation the forward keeps z as the residual.

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import zlib
 from pathlib import Path
+from typing import Optional
 
 import jax
 
@@ -188,6 +189,12 @@ def _fast_compile_options() -> dict:
 
 
 FAST_COMPILE_OPTIONS = _fast_compile_options()
+
+
+def custom_calls(text: str, target: Optional[str] = None) -> list[str]:
+    """The custom-call lines of lowered StableHLO ``text`` (those calling ``target``, if given)."""
+    return [line.strip() for line in text.splitlines() if "stablehlo.custom_call" in line
+            and (target is None or f"@{target}" in line)]
 
 
 def lowered_text(fn, *args, platform: str = "cpu") -> str:

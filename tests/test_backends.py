@@ -18,18 +18,11 @@ import pytest
 
 import jax_sgrnn
 from jax_sgrnn import _backends
-from conftest import LOOP_T, diff_inputs, make_inputs, random_array, requires_native
+from conftest import (LOOP_T, custom_calls, diff_inputs, lowered_text, make_inputs, random_array,
+                      requires_native)
 
 TABLE = jax_sgrnn.backends()
 MPS_RUNS_HERE = TABLE["mps"].available
-
-
-def _lowered(fn, *args) -> str:
-    return jax.jit(fn).lower(*args).as_text()
-
-
-def _custom_calls(text: str) -> list[str]:
-    return [line.strip() for line in text.splitlines() if "stablehlo.custom_call" in line]
 
 
 def _forward_and_grad(inputs, flags):
@@ -40,7 +33,7 @@ def _forward_and_grad(inputs, flags):
         y = jax_sgrnn.single_gate_rnn(**{**inputs, **diff}, **flags)
         return jnp.sum(y.astype(jnp.float32) * c.astype(jnp.float32))
 
-    return _lowered(jax.grad(loss), diff_inputs(inputs))
+    return lowered_text(jax.grad(loss), diff_inputs(inputs))
 
 
 def _child(code: str, **env) -> subprocess.CompletedProcess:
@@ -89,7 +82,7 @@ def test_lowered_targets_are_the_tables(name, rng):
     inputs = make_inputs(rng, dtype=jnp.float32)
     with jax_sgrnn.cpu_backend(name):
         text = _forward_and_grad(inputs, dict(activation="tanh"))
-    targets = {re.search(r"@(\w+)", c).group(1) for c in _custom_calls(text)}
+    targets = {re.search(r"@(\w+)", c).group(1) for c in custom_calls(text)}
     assert targets == set(TABLE[name].targets.values())
 
 
@@ -258,7 +251,7 @@ def test_a_trace_reads_the_choice_of_its_own_thread_and_cache_key(rng):
 
     _in_threads(scoped, process_wide)
     assert TABLE["native"].targets["forward"] in texts["native"]
-    assert not _custom_calls(texts["scan"]) and "stablehlo.while" in texts["scan"]
+    assert not custom_calls(texts["scan"]) and "stablehlo.while" in texts["scan"]
     want = jax_sgrnn.reference(**inputs, activation="tanh")
     np.testing.assert_allclose(texts["result"], want, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(f(inputs), want, rtol=1e-5, atol=1e-6)  # the cached program
@@ -305,7 +298,7 @@ def test_the_choice_is_part_of_the_jit_cache_key(rng):
 def test_scan_lowers_the_decomposition_on_cpu(rng):
     with jax_sgrnn.cpu_backend("scan"):
         text = _forward_and_grad(make_inputs(rng, LOOP_T, dtype=jnp.float32), {})
-    assert not _custom_calls(text)
+    assert not custom_calls(text)
     assert "stablehlo.while" in text
 
 
@@ -328,7 +321,7 @@ def test_environment_variable_with_a_bad_value_names_itself():
 
 def _normalised_calls(text: str, backend: str) -> list[str]:
     """The custom calls with the backend's target names replaced by their role."""
-    calls = _custom_calls(text)
+    calls = custom_calls(text)
     for role, target in TABLE[backend].targets.items():
         calls = [c.replace(f"@{target}", f"@<{role}>") for c in calls]
     return calls
@@ -365,7 +358,7 @@ def test_mps_lowering_of_the_gradients_op(rng):
     calls = {}
     for name in ("native", "mps"):
         with jax_sgrnn.cpu_backend(name):
-            calls[name] = _normalised_calls(_lowered(grads, inputs, z, z), name)
+            calls[name] = _normalised_calls(lowered_text(grads, inputs, z, z), name)
     assert len(calls["mps"]) == 1 and "@<gradients>" in calls["mps"][0]
     assert calls["mps"] == calls["native"]
 
@@ -387,8 +380,8 @@ def test_mps_dtype_policy_in_the_lowering(rng, dtype, operand_type):
     """float16 reaches the MPSGraph handler as float16 (Metal runs it); bfloat16 is widened."""
     inputs = make_inputs(rng, dtype=jnp.dtype(dtype))
     with jax_sgrnn.cpu_backend("mps"):
-        text = _lowered(lambda i: jax_sgrnn.single_gate_rnn(**i), inputs)
-    (call,) = _custom_calls(text)
+        text = lowered_text(lambda i: jax_sgrnn.single_gate_rnn(**i), inputs)
+    (call,) = custom_calls(text)
     assert re.search(rf"tensor<4x3x5x{operand_type}>", call.split("->")[-1]), call
 
 

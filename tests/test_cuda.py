@@ -13,7 +13,6 @@ import re
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 import jax_sgrnn

@@ -182,6 +182,9 @@ def test_bad_configurations_raise():
         StackedSingleGateRNN(I, H, 0, rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="dropout"):
         StackedSingleGateRNN(I, H, 2, dropout=1.0, rngs=nnx.Rngs(0))
+    # A stack has no reverse: reversed layers would flip time at every layer.
+    with pytest.raises(TypeError, match="unexpected keyword argument.*'reverse'"):
+        StackedSingleGateRNN(I, H, 2, reverse=True, rngs=nnx.Rngs(0))
     layer = SingleGateRNN(I, H, rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match=rf"inputs: expected shape \[N, T, {I}\]"):
         layer(jnp.zeros((N, T, I + 1)))
@@ -354,6 +357,8 @@ def test_stack_is_the_composition_of_its_layers(bidirectional):
     stack = StackedSingleGateRNN(I, H, 3, bidirectional=bidirectional, activation="relu",
                                  time_major=True, rngs=nnx.Rngs(0))
     assert [layer.in_features for layer in stack.layers] == [I, D * H, D * H]
+    assert all(layer.time_major and layer.descriptor.activation == jax_sgrnn.Activation.RELU
+               for layer in stack.layers)
     x = normal(1, (T, N, I))
     h0 = normal(2, (3, N, D * H))
     mask = jax.random.bernoulli(jax.random.key(3), 0.8, (T, N, 1))

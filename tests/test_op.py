@@ -1,9 +1,7 @@
 """The custom-call op against the lax.scan reference: forward, z, gradients (jax.grad), the
-explicit gradient op, dtypes, mask broadcasting and the lowered HLO."""
+explicit gradient op, dtypes and mask broadcasting. What the op lowers to: test_lowering.py."""
 
 from __future__ import annotations
-
-import re
 
 import jax
 import jax.numpy as jnp
@@ -11,14 +9,12 @@ import numpy as np
 import pytest
 
 import jax_sgrnn
-from conftest import (ACTIVATIONS, LOOP_T, MASK_KINDS, OPTIONAL_PATTERNS, assert_close,
-                      diff_inputs, full_results, grid_every_activation, grid_every_pattern,
-                      lowered_text, make_inputs, make_mask, out_shape, pattern_id, random_array,
-                      ref_jit, requires_native, value_and_grads)
+from conftest import (ACTIVATIONS, MASK_KINDS, OPTIONAL_PATTERNS, assert_close, diff_inputs,
+                      full_results, grid_every_activation, grid_every_pattern, make_inputs,
+                      make_mask, out_shape, pattern_id, random_array, ref_jit, value_and_grads)
 
 op = jax_sgrnn.single_gate_rnn
 ref = jax_sgrnn.reference
-NATIVE = jax_sgrnn.backends()["native"].targets
 
 # (T, N, H) cycled through the grid; I = 3 != H always.
 SHAPES = ((4, 3, 5), (1, 1, 5), (4, 1, 1), (1, 3, 5), (4, 3, 1), (4, 3, 5), (1, 3, 1))
@@ -312,74 +308,6 @@ def test_activation_values_at_one_step(rng, act):
     y, zz = op(**inputs, activation=act, training=True)
     np.testing.assert_allclose(np.asarray(zz), z, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(np.asarray(y), expected, rtol=1e-12, atol=1e-12)
-
-
-# -------------------------------------------------------------------- lowered HLO
-
-
-def _custom_call_lines(text, target):
-    return [l for l in text.splitlines() if "custom_call" in l and f"@{target}" in l]
-
-
-@requires_native
-@pytest.mark.parametrize("bi", [False, True], ids=["uni", "bi"])
-def test_hlo_forward_and_grad_use_custom_calls(native_backend, rng, bi):
-    inputs = make_inputs(rng, 4, 3, 3, 5, bidirectional=bi, mask="bool")
-    flags = dict(activation="tanh", bidirectional=bi)
-    fwd_text = lowered_text(lambda i: op(**i, **flags), inputs)
-    fwd_calls = _custom_call_lines(fwd_text, NATIVE["forward"])
-    assert fwd_calls, fwd_text
-    assert not _custom_call_lines(fwd_text, NATIVE["gradients"])
-    # Inference: no z is produced.
-    assert all(re.search(r"training = false", l) for l in fwd_calls), fwd_calls
-    # The op does not fall back to the scan decomposition on CPU.
-    assert "stablehlo.while" not in fwd_text
-
-    c = random_array(rng, out_shape(inputs, bi), jnp.float64)
-    grad_fn = jax.grad(lambda d: jnp.sum(op(**{**inputs, **d}, **flags) * c))
-    grad_text = lowered_text(grad_fn, diff_inputs(inputs))
-    fwd_in_grad = _custom_call_lines(grad_text, NATIVE["forward"])
-    assert fwd_in_grad, grad_text
-    assert _custom_call_lines(grad_text, NATIVE["gradients"]), grad_text
-    # Under differentiation the inference op runs the training forward (z saved).
-    assert all(re.search(r"training = true", l) for l in fwd_in_grad), fwd_in_grad
-    assert "stablehlo.while" not in grad_text
-
-
-@requires_native
-def test_hlo_gradients_op_uses_custom_call(native_backend, rng):
-    inputs = make_inputs(rng, 4, 3, 3, 5)
-    _, z = ref(**inputs, training=True)
-    text = lowered_text(lambda i, dy, z: jax_sgrnn.single_gate_rnn_gradients(
-        i["source"], i["recurrent_weight"], dy, z, i["input_weight"], i["bias"],
-        i["init_state"]), inputs, z, z)
-    assert _custom_call_lines(text, NATIVE["gradients"]), text
-    assert not _custom_call_lines(text, NATIVE["forward"])
-
-
-@requires_native
-@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16, jnp.float32],
-                         ids=["float16", "bfloat16", "float32"])
-def test_hlo_custom_call_for_other_dtypes(native_backend, rng, dtype):
-    inputs = make_inputs(rng, 4, 3, 3, 5, dtype=dtype)
-    text = lowered_text(jax.grad(lambda d: jnp.sum(op(**{**inputs, **d}).astype(jnp.float32))),
-                        diff_inputs(inputs))
-    assert _custom_call_lines(text, NATIVE["forward"])
-    assert _custom_call_lines(text, NATIVE["gradients"])
-
-
-def test_lowering_for_other_platforms_is_the_decomposition(rng):
-    """Off CPU (here: lowering for TPU, which needs no device) the op lowers to the lax.scan
-    decomposition, not to the CPU custom calls."""
-    inputs = make_inputs(rng, LOOP_T, 3, 3, 5)
-    traced = jax.jit(jax.grad(lambda d: jnp.sum(op(**{**inputs, **d})))).trace(
-        diff_inputs(inputs))
-    try:
-        text = traced.lower(lowering_platforms=("tpu",)).as_text()
-    except TypeError as err:  # pragma: no cover - older/newer jax without the keyword
-        pytest.skip(f"cross-platform lowering unavailable: {err}")
-    assert "jax_sgrnn_" not in text
-    assert "stablehlo.while" in text
 
 
 # ------------------------------------------------------------ activation kinks (spec)

@@ -64,7 +64,7 @@ void TakePhaseTimes(double (&seconds)[kPhaseCount]) {
 }
 
 template <typename T>
-void Forward(const Executor& ex, const Config& c, const Dims& d, const ForwardArgs<T>& a) {
+void Forward(const Executor& ex, const Config& c, const Dims& d, const ForwardOperands<T>& a) {
   switch (BestIsa()) {
 #if defined(SGRNN_X86_ISAS)
     case Isa::kX86_64_V4: return x86_64_v4::Forward(ex, c, d, a);
@@ -75,7 +75,7 @@ void Forward(const Executor& ex, const Config& c, const Dims& d, const ForwardAr
 }
 
 template <typename T>
-void Gradients(const Executor& ex, const Config& c, const Dims& d, const GradientArgs<T>& a) {
+void Gradients(const Executor& ex, const Config& c, const Dims& d, const GradientOperands<T>& a) {
   switch (BestIsa()) {
 #if defined(SGRNN_X86_ISAS)
     case Isa::kX86_64_V4: return x86_64_v4::Gradients(ex, c, d, a);
@@ -85,9 +85,9 @@ void Gradients(const Executor& ex, const Config& c, const Dims& d, const Gradien
   }
 }
 
-template void Forward<float>(const Executor&, const Config&, const Dims&, const ForwardArgs<float>&);
-template void Forward<double>(const Executor&, const Config&, const Dims&, const ForwardArgs<double>&);
-template void Gradients<float>(const Executor&, const Config&, const Dims&, const GradientArgs<float>&);
-template void Gradients<double>(const Executor&, const Config&, const Dims&, const GradientArgs<double>&);
+template void Forward<float>(const Executor&, const Config&, const Dims&, const ForwardOperands<float>&);
+template void Forward<double>(const Executor&, const Config&, const Dims&, const ForwardOperands<double>&);
+template void Gradients<float>(const Executor&, const Config&, const Dims&, const GradientOperands<float>&);
+template void Gradients<double>(const Executor&, const Config&, const Dims&, const GradientOperands<double>&);
 
 }  // namespace sgrnn::cpu

@@ -72,24 +72,12 @@ ffi::Error ForwardImpl(ffi::AnyBuffer x, ffi::AnyBuffer R, ffi::AnyBuffer W, ffi
                        ffi::AnyBuffer h0, ffi::AnyBuffer mask, ffi::AnyBuffer seq_lengths,
                        Config c, ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> z,
                        ffi::ThreadPool pool) {
+  const ForwardBuffers buffers{x, R, W, b, h0, mask, seq_lengths, *y, *z};
   CheckedDims checked;
-  ffi::Error status = CheckForward(c, x, R, W, b, h0, mask, seq_lengths, *y, *z, &checked);
-  if (status.failure()) return status;
+  if (ffi::Error status = CheckForward(c, buffers, &checked); status.failure()) return status;
   const XlaPoolExecutor executor(pool);
   return DispatchFloat<kF32, kF64>(x.element_type(), "CPU", [&]<typename T>() {
-    const int64_t* ms = checked.mask_shape;
-    Forward<T>(executor, c, checked.dims,
-               ForwardArgs<T>{
-                   .x = DataOrNull<T>(true, x),
-                   .R = DataOrNull<T>(true, R),
-                   .W = DataOrNull<T>(c.has_input_weight, W),
-                   .b = DataOrNull<T>(c.has_bias, b),
-                   .h0 = DataOrNull<T>(c.has_init_state, h0),
-                   .mask = c.has_mask ? MaskView<T>(DataOrNull<T>(true, mask), ms[1], ms[2], ms[3])
-                                      : MaskView<T>(),
-                   .seq_lengths = DataOrNull<int32_t>(c.has_seq_lengths, seq_lengths),
-                   .y = MutableOrNull<T>(true, *y),
-                   .z = MutableOrNull<T>(c.training, *z)});
+    Forward<T>(executor, c, checked.dims, TypedOperands<T>(c, buffers, checked));
   });
 }
 
@@ -100,38 +88,13 @@ ffi::Error GradientsImpl(ffi::AnyBuffer x, ffi::AnyBuffer R, ffi::AnyBuffer dy, 
                          ffi::Result<ffi::AnyBuffer> dR, ffi::Result<ffi::AnyBuffer> dW,
                          ffi::Result<ffi::AnyBuffer> db, ffi::Result<ffi::AnyBuffer> dh0,
                          ffi::ThreadPool pool) {
+  const GradientBuffers buffers{x, R, dy, z, W, b, h0, mask, seq_lengths, *dx, *dR, *dW, *db, *dh0};
   CheckedDims checked;
-  ffi::Error status =
-      CheckGradients(c, x, R, dy, z, W, b, h0, mask, seq_lengths, *dx, *dR, *dW, *db, *dh0,
-                     &checked);
-  if (status.failure()) return status;
+  if (ffi::Error status = CheckGradients(c, buffers, &checked); status.failure()) return status;
   const XlaPoolExecutor executor(pool);
   return DispatchFloat<kF32, kF64>(x.element_type(), "CPU", [&]<typename T>() {
-    const Dims& d = checked.dims;
-    const int64_t* ms = checked.mask_shape;
     for (int64_t g = 0; g < checked.G; ++g) {
-      const GroupOffsets o = checked.Group(g);
-      Gradients<T>(executor, c, d,
-                   GradientArgs<T>{
-                       .x = DataOrNull<T>(true, x) + o.source,
-                       .R = DataOrNull<T>(true, R),
-                       .dy = DataOrNull<T>(true, dy) + o.state,
-                       .z = DataOrNull<T>(true, z) + o.state,
-                       .W = DataOrNull<T>(c.has_input_weight, W),
-                       .h0 = c.has_init_state ? DataOrNull<T>(true, h0) + o.init_state : nullptr,
-                       .mask = c.has_mask ? MaskView<T>(DataOrNull<T>(true, mask) + o.mask,
-                                                        ms[1], ms[2], ms[3])
-                                          : MaskView<T>(),
-                       .seq_lengths = c.has_seq_lengths
-                                          ? DataOrNull<int32_t>(true, seq_lengths) + o.seq_lengths
-                                          : nullptr,
-                       .dx = MutableOrNull<T>(true, *dx) + o.source,
-                       .dR = MutableOrNull<T>(true, *dR) + o.d_recurrent_weight,
-                       .dW = c.has_input_weight ? MutableOrNull<T>(true, *dW) + o.d_input_weight
-                                                : nullptr,
-                       .db = c.has_bias ? MutableOrNull<T>(true, *db) + o.d_bias : nullptr,
-                       .dh0 = c.has_init_state ? MutableOrNull<T>(true, *dh0) + o.init_state
-                                               : nullptr});
+      Gradients<T>(executor, c, checked.dims, TypedOperands<T>(c, buffers, checked, g));
     }
   });
 }

@@ -24,43 +24,13 @@ class Executor {
   virtual void ForEach(int64_t n, const std::function<void(int64_t)>& body) const = 0;
 };
 
-template <typename T>
-struct ForwardArgs {
-  const T* x;   // [T, N, I]
-  const T* R;   // [D, H, H]
-  const T* W;   // [D*H, I] or null
-  const T* b;   // [D*H] or null
-  const T* h0;  // [N, D*H] or null
-  MaskView<T> mask;
-  const int32_t* seq_lengths;  // [N] or null (RowLength clamps them)
-  T* y;  // [T, N, D*H]
-  T* z;  // [T, N, D*H], or null when not training
-};
-
 // y (and z) for one problem; both directions, all flags.
 template <typename T>
-void Forward(const Executor& ex, const Config& c, const Dims& d, const ForwardArgs<T>& a);
-
-template <typename T>
-struct GradientArgs {
-  const T* x;   // [T, N, I]
-  const T* R;   // [D, H, H]
-  const T* dy;  // [T, N, D*H]
-  const T* z;   // [T, N, D*H]
-  const T* W;   // [D*H, I] or null
-  const T* h0;  // [N, D*H] or null
-  MaskView<T> mask;
-  const int32_t* seq_lengths;  // [N] or null
-  T* dx;   // [T, N, I]
-  T* dR;   // [D, H, H]
-  T* dW;   // [D*H, I] or null
-  T* db;   // [D*H] or null
-  T* dh0;  // [N, D*H] or null
-};
+void Forward(const Executor& ex, const Config& c, const Dims& d, const ForwardOperands<T>& a);
 
 // Backpropagation through time for one problem (spec, "Gradient op").
 template <typename T>
-void Gradients(const Executor& ex, const Config& c, const Dims& d, const GradientArgs<T>& a);
+void Gradients(const Executor& ex, const Config& c, const Dims& d, const GradientOperands<T>& a);
 
 // Where the kernels' time goes, for benchmarks/bench_cpu.py: wall time per phase, summed over
 // calls and threads' pieces (a phase that runs on two threads at once counts once: it is
@@ -87,9 +57,9 @@ const char* SelectedIsa();
 #define SGRNN_DECLARE_ISA_KERNELS(isa)                                          \
   namespace isa {                                                               \
   template <typename T>                                                         \
-  void Forward(const Executor& ex, const Config& c, const Dims& d, const ForwardArgs<T>& a);        \
+  void Forward(const Executor& ex, const Config& c, const Dims& d, const ForwardOperands<T>& a);        \
   template <typename T>                                                         \
-  void Gradients(const Executor& ex, const Config& c, const Dims& d, const GradientArgs<T>& a);     \
+  void Gradients(const Executor& ex, const Config& c, const Dims& d, const GradientOperands<T>& a);     \
   }
 SGRNN_DECLARE_ISA_KERNELS(baseline)
 #if defined(SGRNN_X86_ISAS)

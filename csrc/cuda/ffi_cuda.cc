@@ -9,8 +9,10 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <unordered_map>
 
 #include "cuda/recurrence.h"
 #include "cuda/recurrence_plan.h"
@@ -40,24 +42,51 @@ ffi::Error CheckRecurrenceOnly(const Config& c) {
   return ffi::Error::Success();
 }
 
-// The plan for these sizes on the current device, or an error saying why there is none.
-ffi::Error PlanFor(Pass pass, const Dims& d, int64_t element_bytes, RecurrencePlan* out) {
-  int device = 0, multiprocessors = 0, shared = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess) {
-    err = cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device);
+// What the plan needs to know of a device.
+struct DeviceLimits {
+  int multiprocessors = 0;
+  int shared_bytes = 0;  // opt-in shared memory per block
+};
+
+// The current device's limits, queried once per device: they do not change while the process
+// runs, and a query on every call would add driver calls to each launch.
+ffi::Error CurrentDeviceLimits(DeviceLimits* out) {
+  int device = 0;
+  if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) {
+    return CudaError(err, "device query");
   }
+  static std::mutex mutex;
+  static std::unordered_map<int, DeviceLimits> known;
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (auto it = known.find(device); it != known.end()) {
+    *out = it->second;
+    return ffi::Error::Success();
+  }
+  DeviceLimits limits;
+  cudaError_t err = cudaDeviceGetAttribute(&limits.multiprocessors,
+                                           cudaDevAttrMultiProcessorCount, device);
   if (err == cudaSuccess) {
-    err = cudaDeviceGetAttribute(&shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    err = cudaDeviceGetAttribute(&limits.shared_bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin,
+                                 device);
   }
   if (err != cudaSuccess) return CudaError(err, "device query");
+  known.emplace(device, limits);
+  *out = limits;
+  return ffi::Error::Success();
+}
+
+// The plan for these sizes on the current device, or an error saying why there is none.
+ffi::Error PlanFor(Pass pass, const Dims& d, int64_t element_bytes, RecurrencePlan* out) {
+  DeviceLimits limits;
+  if (ffi::Error status = CurrentDeviceLimits(&limits); status.failure()) return status;
   if (!IndexesFit(d.T, d.N, d.D, d.H)) {
     return InvalidArgument("the CUDA handler indexes [T, N, D*H] with 32-bit integers, and "
                            "T*N*D*H = " + std::to_string(d.T * d.N * d.D * d.H) +
                            " does not fit (the lowering uses the lax.scan decomposition for it)");
   }
   const std::optional<RecurrencePlan> plan =
-      PlanRecurrence(pass, d.H, d.N, d.D, element_bytes, multiprocessors, shared);
+      PlanRecurrence(pass, d.H, d.N, d.D, element_bytes, limits.multiprocessors,
+                     limits.shared_bytes);
   if (!plan) {
     return InvalidArgument("hidden size " + std::to_string(d.H) +
                            " does not fit the CUDA handler's on-chip recurrence (the lowering "
@@ -71,8 +100,9 @@ ffi::Error ForwardImpl(ffi::AnyBuffer x, ffi::AnyBuffer R, ffi::AnyBuffer W, ffi
                        ffi::AnyBuffer h0, ffi::AnyBuffer mask, ffi::AnyBuffer seq_lengths,
                        Config c, ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> z,
                        cudaStream_t stream) {
+  const ForwardBuffers buffers{x, R, W, b, h0, mask, seq_lengths, *y, *z};
   CheckedDims checked;
-  ffi::Error status = CheckForward(c, x, R, W, b, h0, mask, seq_lengths, *y, *z, &checked);
+  ffi::Error status = CheckForward(c, buffers, &checked);
   if (status.failure()) return status;
   if (status = CheckRecurrenceOnly(c); status.failure()) return status;
   const Dims& d = checked.dims;
@@ -80,16 +110,9 @@ ffi::Error ForwardImpl(ffi::AnyBuffer x, ffi::AnyBuffer R, ffi::AnyBuffer W, ffi
   status = DispatchFloat<kF32, kF64>(x.element_type(), "CUDA", [&]<typename T>() {
     RecurrencePlan plan;
     if (result = PlanFor(Pass::kForward, d, sizeof(T), &plan); result.failure()) return;
-    const int64_t* ms = checked.mask_shape;
-    const ForwardArgs<T> args{
-        .source = DataOrNull<T>(true, x),
-        .R = DataOrNull<T>(true, R),
-        .h0 = DataOrNull<T>(c.has_init_state, h0),
-        .mask = c.has_mask ? MaskView<T>(DataOrNull<T>(true, mask), ms[1], ms[2], ms[3])
-                           : MaskView<T>(),
-        .seq_lengths = DataOrNull<int32_t>(c.has_seq_lengths, seq_lengths),
-        .y = MutableOrNull<T>(true, *y),
-        .z = MutableOrNull<T>(c.training, *z)};
+    const ForwardOperands<T> o = TypedOperands<T>(c, buffers, checked);
+    const ForwardArgs<T> args{.source = o.x, .R = o.R, .h0 = o.h0, .mask = o.mask,
+                              .seq_lengths = o.seq_lengths, .y = o.y, .z = o.z};
     if (cudaError_t err = LaunchForward<T>(c, d, plan, args, stream); err != cudaSuccess) {
       result = CudaError(err, "forward launch");
     }
@@ -106,9 +129,10 @@ ffi::Error GradientsImpl(ffi::AnyBuffer x, ffi::AnyBuffer R, ffi::AnyBuffer dy, 
                          ffi::Result<ffi::AnyBuffer> dx, ffi::Result<ffi::AnyBuffer> dR,
                          ffi::Result<ffi::AnyBuffer> dW, ffi::Result<ffi::AnyBuffer> db,
                          ffi::Result<ffi::AnyBuffer> dh0, cudaStream_t stream) {
+  const GradientBuffers buffers{x, R, dy, z, W, b, h0, mask, seq_lengths, *dx, *dR, *dW, *db, *dh0};
   CheckedDims checked;
-  ffi::Error status = CheckGradients(c, x, R, dy, z, W, b, h0, mask, seq_lengths, *dx, *dR, *dW,
-                                     *db, *dh0, &checked, /*with_recurrent_weight_gradient=*/false);
+  ffi::Error status =
+      CheckGradients(c, buffers, &checked, /*with_recurrent_weight_gradient=*/false);
   if (status.failure()) return status;
   if (status = CheckRecurrenceOnly(c); status.failure()) return status;
   const Dims& d = checked.dims;
@@ -116,21 +140,10 @@ ffi::Error GradientsImpl(ffi::AnyBuffer x, ffi::AnyBuffer R, ffi::AnyBuffer dy, 
   status = DispatchFloat<kF32, kF64>(x.element_type(), "CUDA", [&]<typename T>() {
     RecurrencePlan plan;
     if (result = PlanFor(Pass::kBackward, d, sizeof(T), &plan); result.failure()) return;
-    const int64_t* ms = checked.mask_shape;
     for (int64_t g = 0; g < checked.G; ++g) {
-      const GroupOffsets o = checked.Group(g);
-      const GradientArgs<T> args{
-          .R = DataOrNull<T>(true, R),
-          .dy = DataOrNull<T>(true, dy) + o.state,
-          .z = DataOrNull<T>(true, z) + o.state,
-          .mask = c.has_mask ? MaskView<T>(DataOrNull<T>(true, mask) + o.mask, ms[1], ms[2],
-                                           ms[3])
-                             : MaskView<T>(),
-          .seq_lengths = c.has_seq_lengths
-                             ? DataOrNull<int32_t>(true, seq_lengths) + o.seq_lengths
-                             : nullptr,
-          .d_source = MutableOrNull<T>(true, *dx) + o.source,
-          .dh0 = c.has_init_state ? MutableOrNull<T>(true, *dh0) + o.init_state : nullptr};
+      const GradientOperands<T> o = TypedOperands<T>(c, buffers, checked, g);
+      const GradientArgs<T> args{.R = o.R, .dy = o.dy, .z = o.z, .mask = o.mask,
+                                 .seq_lengths = o.seq_lengths, .d_source = o.dx, .dh0 = o.dh0};
       if (cudaError_t err = LaunchGradients<T>(c, d, plan, args, stream); err != cudaSuccess) {
         result = CudaError(err, "gradients launch");
         return;

@@ -461,32 +461,37 @@ ffi::Error Run(Op op, const Config& c, const CheckedDims& checked, ffi::DataType
   }
 }
 
-void SetOperand(CallBuffers& call, Operand operand, const ffi::AnyBuffer& buffer) {
-  call.operands[static_cast<int>(operand)] = buffer.untyped_data();
-}
-
 void SetOutput(CallBuffers& call, int output, ffi::AnyBuffer buffer) {
   call.outputs[output] = buffer.untyped_data();
   call.output_bytes[output] = buffer.size_bytes();
+}
+
+// The schema's buffers in mps::Operand's order and the outputs in the schema's.
+CallBuffers CallOf(const ForwardBuffers& f) {
+  CallBuffers call{.operands = {f.x.untyped_data(), f.R.untyped_data(), f.W.untyped_data(),
+                                f.b.untyped_data(), f.h0.untyped_data(), f.mask.untyped_data()}};
+  SetOutput(call, 0, f.y);
+  SetOutput(call, 1, f.z);
+  return call;
+}
+
+CallBuffers CallOf(const GradientBuffers& g) {
+  CallBuffers call{.operands = {g.x.untyped_data(), g.R.untyped_data(), g.W.untyped_data(),
+                                g.b.untyped_data(), g.h0.untyped_data(), g.mask.untyped_data(),
+                                g.dy.untyped_data(), g.z.untyped_data()}};
+  int output = 0;
+  for (const ffi::AnyBuffer& b : {g.dx, g.dR, g.dW, g.db, g.dh0}) SetOutput(call, output++, b);
+  return call;
 }
 
 ffi::Error ForwardImpl(ffi::AnyBuffer x, ffi::AnyBuffer R, ffi::AnyBuffer W, ffi::AnyBuffer b,
                        ffi::AnyBuffer h0, ffi::AnyBuffer mask, ffi::AnyBuffer seq_lengths,
                        Config c, ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> z) {
   return GuardExceptions([&]() -> ffi::Error {
+    const ForwardBuffers buffers{x, R, W, b, h0, mask, seq_lengths, *y, *z};
     CheckedDims checked;
-    ffi::Error status = CheckForward(c, x, R, W, b, h0, mask, seq_lengths, *y, *z, &checked);
-    if (status.failure()) return status;
-    CallBuffers call;
-    SetOperand(call, Operand::kSource, x);
-    SetOperand(call, Operand::kRecurrentWeight, R);
-    SetOperand(call, Operand::kInputWeight, W);
-    SetOperand(call, Operand::kBias, b);
-    SetOperand(call, Operand::kInitState, h0);
-    SetOperand(call, Operand::kMask, mask);
-    SetOutput(call, 0, *y);
-    SetOutput(call, 1, *z);
-    return Run(Op::kForward, c, checked, x.element_type(), call);
+    if (ffi::Error status = CheckForward(c, buffers, &checked); status.failure()) return status;
+    return Run(Op::kForward, c, checked, x.element_type(), CallOf(buffers));
   });
 }
 
@@ -497,25 +502,11 @@ ffi::Error GradientsImpl(ffi::AnyBuffer x, ffi::AnyBuffer R, ffi::AnyBuffer dy, 
                          ffi::Result<ffi::AnyBuffer> dW, ffi::Result<ffi::AnyBuffer> db,
                          ffi::Result<ffi::AnyBuffer> dh0) {
   return GuardExceptions([&]() -> ffi::Error {
+    const GradientBuffers buffers{x,  R,   dy,  z,   W,   b,  h0, mask, seq_lengths,
+                                  *dx, *dR, *dW, *db, *dh0};
     CheckedDims checked;
-    ffi::Error status = CheckGradients(c, x, R, dy, z, W, b, h0, mask, seq_lengths, *dx, *dR,
-                                       *dW, *db, *dh0, &checked);
-    if (status.failure()) return status;
-    CallBuffers call;
-    SetOperand(call, Operand::kSource, x);
-    SetOperand(call, Operand::kRecurrentWeight, R);
-    SetOperand(call, Operand::kSourceGradient, dy);
-    SetOperand(call, Operand::kZState, z);
-    SetOperand(call, Operand::kInputWeight, W);
-    SetOperand(call, Operand::kBias, b);
-    SetOperand(call, Operand::kInitState, h0);
-    SetOperand(call, Operand::kMask, mask);
-    SetOutput(call, 0, *dx);
-    SetOutput(call, 1, *dR);
-    SetOutput(call, 2, *dW);
-    SetOutput(call, 3, *db);
-    SetOutput(call, 4, *dh0);
-    return Run(Op::kGradients, c, checked, x.element_type(), call);
+    if (ffi::Error status = CheckGradients(c, buffers, &checked); status.failure()) return status;
+    return Run(Op::kGradients, c, checked, x.element_type(), CallOf(buffers));
   });
 }
 

@@ -69,33 +69,24 @@ size_t GraphKeyHash::operator()(const GraphKey& k) const {
   auto mix = [&h](uint64_t v) {
     h ^= std::hash<uint64_t>{}(v) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
   };
-  const uint64_t flags = (uint64_t{k.reverse} << 0) | (uint64_t{k.bidirectional} << 1) |
-                         (uint64_t{k.training} << 2) | (uint64_t{k.has_input_weight} << 3) |
-                         (uint64_t{k.has_bias} << 4) | (uint64_t{k.has_init_state} << 5) |
-                         (uint64_t{k.has_mask} << 6);
   mix(static_cast<uint64_t>(k.op));
   mix(k.mps_data_type);
-  mix(static_cast<uint64_t>(k.activation));
+  const Config& c = k.config;
+  mix(static_cast<uint64_t>(c.activation));
+  uint64_t flags = 0;
+  for (bool flag : {c.reverse, c.bidirectional, c.training, c.has_input_weight, c.has_bias,
+                    c.has_init_state, c.has_mask, c.has_seq_lengths}) {
+    flags = flags << 1 | flag;
+  }
   mix(flags);
   for (int64_t v : {k.T, k.N, k.I, k.H}) mix(static_cast<uint64_t>(v));
   return h;
 }
 
 GraphKey MakeGraphKey(Op op, const Config& c, const Dims& d, uint32_t mps_data_type) {
-  return GraphKey{op,
-                  mps_data_type,
-                  c.activation,
-                  c.reverse,
-                  c.bidirectional,
-                  DescriptorTraining(op, c),
-                  c.has_input_weight,
-                  c.has_bias,
-                  c.has_init_state,
-                  c.has_mask,
-                  d.T,
-                  d.N,
-                  d.I,
-                  d.H};
+  Config config = c;
+  config.training = DescriptorTraining(op, c);
+  return GraphKey{op, mps_data_type, config, d.T, d.N, d.I, d.H};
 }
 
 bool IsEmptyProblem(const Dims& d, int64_t groups) { return d.T == 0 || d.N == 0 || groups == 0; }

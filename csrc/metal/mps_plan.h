@@ -81,9 +81,7 @@ std::optional<ElementType> ElementTypeFor(int32_t ffi_dtype);
 struct GraphKey {
   Op op;
   uint32_t mps_data_type;
-  Activation activation;
-  bool reverse, bidirectional, training;  // training: the descriptor's (DescriptorTraining)
-  bool has_input_weight, has_bias, has_init_state, has_mask;
+  Config config;  // training: the descriptor's (DescriptorTraining)
   int64_t T, N, I, H;
 
   bool operator==(const GraphKey&) const = default;

@@ -53,6 +53,7 @@ struct Config {
   bool has_seq_lengths;  // per-row sequence lengths (int32 [N]); not an MPSGraph operand
 
   int64_t directions() const { return bidirectional ? 2 : 1; }
+  bool operator==(const Config&) const = default;
 };
 
 // Problem sizes: T steps, N batch, I source features, H hidden, D directions.
@@ -111,6 +112,41 @@ struct MaskView {
       for (int64_t j = 0; j < H; ++j) out[(n - n0) * H + j] = row[j * h_stride];
     }
   }
+};
+
+// Every operand and result of the forward op for one problem as typed pointers, null where
+// absent, in the FFI schema's order (ffi_schema.h's BindForward, which makes them from the
+// buffers). The CPU kernels take it as it is.
+template <typename T>
+struct ForwardOperands {
+  const T* x;   // source [T, N, I]
+  const T* R;   // [D, H, H]
+  const T* W;   // [D*H, I] or null
+  const T* b;   // [D*H] or null
+  const T* h0;  // [N, D*H] or null
+  MaskView<T> mask;            // [Tm, Nm, Hm]; null data: no mask
+  const int32_t* seq_lengths;  // [N] or null (RowLength clamps them)
+  T* y;  // [T, N, D*H]
+  T* z;  // [T, N, D*H], or null when not training
+};
+
+// The same for the gradient op (BindGradients), for one problem of its group.
+template <typename T>
+struct GradientOperands {
+  const T* x;   // [T, N, I]
+  const T* R;   // [D, H, H]
+  const T* dy;  // [T, N, D*H]
+  const T* z;   // [T, N, D*H]
+  const T* W;   // [D*H, I] or null
+  const T* b;   // [D*H] or null (only its presence matters)
+  const T* h0;  // [N, D*H] or null
+  MaskView<T> mask;
+  const int32_t* seq_lengths;  // [N] or null
+  T* dx;   // [T, N, I]
+  T* dR;   // [D, H, H], or null where the lowering computes it (CUDA)
+  T* dW;   // [D*H, I] or null
+  T* db;   // [D*H] or null
+  T* dh0;  // [N, D*H] or null
 };
 
 // std::bit_cast, which libc++ lacks before LLVM 14 (Xcode 14's SDK, the oldest this package

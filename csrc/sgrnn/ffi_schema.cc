@@ -133,60 +133,54 @@ void CheckWeights(const Config& c, Checker& check, const ffi::AnyBuffer& R,
 
 }  // namespace
 
-ffi::Error CheckForward(const Config& c, ffi::AnyBuffer x, ffi::AnyBuffer R, ffi::AnyBuffer W,
-                        ffi::AnyBuffer b, ffi::AnyBuffer h0, ffi::AnyBuffer mask,
-                        ffi::AnyBuffer seq_lengths, ffi::AnyBuffer y, ffi::AnyBuffer z,
-                        CheckedDims* out) {
-  Checker check(x.element_type());
+ffi::Error CheckForward(const Config& c, const ForwardBuffers& f, CheckedDims* out) {
+  Checker check(f.x.element_type());
   Dims& d = out->dims;
   d = Dims{0, 0, 0, 0, 1};
-  if (check.Rank("source", x, 3, "[T, N, I]")) {
-    Shape s = ShapeOf(x);
+  if (check.Rank("source", f.x, 3, "[T, N, I]")) {
+    Shape s = ShapeOf(f.x);
     d.T = s[0], d.N = s[1], d.I = s[2];
   }
-  CheckWeights(c, check, R, W, b, d);
-  check.Optional("init_state", c.has_init_state, h0, {d.N, d.DH()});
+  CheckWeights(c, check, f.R, f.W, f.b, d);
+  check.Optional("init_state", c.has_init_state, f.h0, {d.N, d.DH()});
   if (c.has_mask) {
-    check.Broadcastable("mask", mask, {d.T, d.N, d.DH()}, out->mask_shape + 1);
+    check.Broadcastable("mask", f.mask, {d.T, d.N, d.DH()}, out->mask_shape + 1);
   } else {
-    check.Optional("mask", false, mask, {});
+    check.Optional("mask", false, f.mask, {});
   }
-  check.Lengths("seq_lengths", c.has_seq_lengths, seq_lengths, {d.N});
-  check.Exact("y", y, {d.T, d.N, d.DH()});
-  check.Optional("z", c.training, z, {d.T, d.N, d.DH()});
+  check.Lengths("seq_lengths", c.has_seq_lengths, f.seq_lengths, {d.N});
+  check.Exact("y", f.y, {d.T, d.N, d.DH()});
+  check.Optional("z", c.training, f.z, {d.T, d.N, d.DH()});
   return check.Result();
 }
 
-ffi::Error CheckGradients(const Config& c, ffi::AnyBuffer x, ffi::AnyBuffer R, ffi::AnyBuffer dy,
-                          ffi::AnyBuffer z, ffi::AnyBuffer W, ffi::AnyBuffer b, ffi::AnyBuffer h0,
-                          ffi::AnyBuffer mask, ffi::AnyBuffer seq_lengths, ffi::AnyBuffer dx,
-                          ffi::AnyBuffer dR,
-                          ffi::AnyBuffer dW, ffi::AnyBuffer db, ffi::AnyBuffer dh0,
-                          CheckedDims* out, bool with_recurrent_weight_gradient) {
-  Checker check(x.element_type());
+ffi::Error CheckGradients(const Config& c, const GradientBuffers& g, CheckedDims* out,
+                          bool with_recurrent_weight_gradient) {
+  Checker check(g.x.element_type());
   Dims& d = out->dims;
   d = Dims{0, 0, 0, 0, 1};
   int64_t& G = out->G;
-  if (check.Rank("source", x, 4, "[G, T, N, I]")) {
-    Shape s = ShapeOf(x);
+  out->recurrent_weight_gradient = with_recurrent_weight_gradient;
+  if (check.Rank("source", g.x, 4, "[G, T, N, I]")) {
+    Shape s = ShapeOf(g.x);
     G = s[0], d.T = s[1], d.N = s[2], d.I = s[3];
   }
-  CheckWeights(c, check, R, W, b, d);
+  CheckWeights(c, check, g.R, g.W, g.b, d);
   const int64_t DH = d.DH();
-  check.Exact("source_gradient", dy, {G, d.T, d.N, DH});
-  check.Exact("z_state", z, {G, d.T, d.N, DH});
-  check.Optional("init_state", c.has_init_state, h0, {G, d.N, DH});
+  check.Exact("source_gradient", g.dy, {G, d.T, d.N, DH});
+  check.Exact("z_state", g.z, {G, d.T, d.N, DH});
+  check.Optional("init_state", c.has_init_state, g.h0, {G, d.N, DH});
   if (c.has_mask) {
-    check.Broadcastable("mask", mask, {G, d.T, d.N, DH}, out->mask_shape);
+    check.Broadcastable("mask", g.mask, {G, d.T, d.N, DH}, out->mask_shape);
   } else {
-    check.Optional("mask", false, mask, {});
+    check.Optional("mask", false, g.mask, {});
   }
-  check.Lengths("seq_lengths", c.has_seq_lengths, seq_lengths, {G, d.N});
-  check.Exact("d_source", dx, {G, d.T, d.N, d.I});
-  check.Optional("d_recurrent_weight", with_recurrent_weight_gradient, dR, {G, d.D, d.H, d.H});
-  check.Optional("d_input_weight", c.has_input_weight, dW, {G, DH, d.I});
-  check.Optional("d_bias", c.has_bias, db, {G, DH});
-  check.Optional("d_init_state", c.has_init_state, dh0, {G, d.N, DH});
+  check.Lengths("seq_lengths", c.has_seq_lengths, g.seq_lengths, {G, d.N});
+  check.Exact("d_source", g.dx, {G, d.T, d.N, d.I});
+  check.Optional("d_recurrent_weight", with_recurrent_weight_gradient, g.dR, {G, d.D, d.H, d.H});
+  check.Optional("d_input_weight", c.has_input_weight, g.dW, {G, DH, d.I});
+  check.Optional("d_bias", c.has_bias, g.db, {G, DH});
+  check.Optional("d_init_state", c.has_init_state, g.dh0, {G, d.N, DH});
   return check.Result();
 }
 

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "sgrnn/core.h"
+#include "sgrnn/ffi_dispatch.h"
 #include "xla/ffi/api/ffi.h"
 
 XLA_FFI_REGISTER_ENUM_ATTR_DECODING(sgrnn::Activation);
@@ -67,6 +68,17 @@ inline auto BindGradients() {
       .Ret<ffi::AnyBuffer>();  // dh0: [G, N, D*H], or [0]
 }
 
+// Each op's buffers, in Bind*'s order (absent ones: their [0] placeholders). Handlers make
+// one from their arguments and pass it to the checks and to TypedOperands.
+struct ForwardBuffers {
+  ffi::AnyBuffer x, R, W, b, h0, mask, seq_lengths;  // operands
+  ffi::AnyBuffer y, z;                               // results
+};
+struct GradientBuffers {
+  ffi::AnyBuffer x, R, dy, z, W, b, h0, mask, seq_lengths;  // operands
+  ffi::AnyBuffer dx, dR, dW, db, dh0;                       // results
+};
+
 // Element offsets of problem g inside the gradient op's grouped buffers. The G problems share
 // the weights; each has its own weight gradients.
 struct GroupOffsets {
@@ -85,6 +97,7 @@ struct CheckedDims {
   Dims dims;
   int64_t G = 1;                         // gradient op: independent problems
   int64_t mask_shape[4] = {1, 1, 1, 1};  // [Gm, Tm, Nm, Hm]
+  bool recurrent_weight_gradient = true;  // gradient op: dR is a real output
 
   GroupOffsets Group(int64_t g) const {
     const Dims& d = dims;
@@ -97,19 +110,56 @@ struct CheckedDims {
 
 // Checks every buffer against the schema; on success fills `out`. Returns an FFI error
 // naming the operand, the expected and the received shape.
-ffi::Error CheckForward(const Config& c, ffi::AnyBuffer x, ffi::AnyBuffer R, ffi::AnyBuffer W,
-                        ffi::AnyBuffer b, ffi::AnyBuffer h0, ffi::AnyBuffer mask,
-                        ffi::AnyBuffer seq_lengths, ffi::AnyBuffer y, ffi::AnyBuffer z,
-                        CheckedDims* out);
+ffi::Error CheckForward(const Config& c, const ForwardBuffers& buffers, CheckedDims* out);
 
 // A handler that leaves dR to the lowering (CUDA: one product over all steps, XLA's) passes
 // with_recurrent_weight_gradient = false, and dR is then the [0] placeholder.
-ffi::Error CheckGradients(const Config& c, ffi::AnyBuffer x, ffi::AnyBuffer R, ffi::AnyBuffer dy,
-                          ffi::AnyBuffer z, ffi::AnyBuffer W, ffi::AnyBuffer b, ffi::AnyBuffer h0,
-                          ffi::AnyBuffer mask, ffi::AnyBuffer seq_lengths, ffi::AnyBuffer dx,
-                          ffi::AnyBuffer dR,
-                          ffi::AnyBuffer dW, ffi::AnyBuffer db, ffi::AnyBuffer dh0,
-                          CheckedDims* out, bool with_recurrent_weight_gradient = true);
+ffi::Error CheckGradients(const Config& c, const GradientBuffers& buffers, CheckedDims* out,
+                          bool with_recurrent_weight_gradient = true);
+
+// The checked buffers as typed pointers (null where absent); the gradient op's for problem
+// `group` of its G.
+template <typename T>
+ForwardOperands<T> TypedOperands(const Config& c, const ForwardBuffers& f,
+                                 const CheckedDims& checked) {
+  const int64_t* ms = checked.mask_shape;
+  return {.x = DataOrNull<T>(true, f.x),
+          .R = DataOrNull<T>(true, f.R),
+          .W = DataOrNull<T>(c.has_input_weight, f.W),
+          .b = DataOrNull<T>(c.has_bias, f.b),
+          .h0 = DataOrNull<T>(c.has_init_state, f.h0),
+          .mask = c.has_mask ? MaskView<T>(DataOrNull<T>(true, f.mask), ms[1], ms[2], ms[3])
+                             : MaskView<T>(),
+          .seq_lengths = DataOrNull<int32_t>(c.has_seq_lengths, f.seq_lengths),
+          .y = MutableOrNull<T>(true, f.y),
+          .z = MutableOrNull<T>(c.training, f.z)};
+}
+
+template <typename T>
+GradientOperands<T> TypedOperands(const Config& c, const GradientBuffers& g,
+                                  const CheckedDims& checked, int64_t group) {
+  const GroupOffsets o = checked.Group(group);
+  const int64_t* ms = checked.mask_shape;
+  auto at = [](auto* data, int64_t offset) { return data ? data + offset : nullptr; };
+  return {.x = at(DataOrNull<T>(true, g.x), o.source),
+          .R = DataOrNull<T>(true, g.R),
+          .dy = at(DataOrNull<T>(true, g.dy), o.state),
+          .z = at(DataOrNull<T>(true, g.z), o.state),
+          .W = DataOrNull<T>(c.has_input_weight, g.W),
+          .b = DataOrNull<T>(c.has_bias, g.b),
+          .h0 = at(DataOrNull<T>(c.has_init_state, g.h0), o.init_state),
+          .mask = c.has_mask ? MaskView<T>(DataOrNull<T>(true, g.mask) + o.mask, ms[1], ms[2],
+                                           ms[3])
+                             : MaskView<T>(),
+          .seq_lengths = at(DataOrNull<int32_t>(c.has_seq_lengths, g.seq_lengths),
+                            o.seq_lengths),
+          .dx = at(MutableOrNull<T>(true, g.dx), o.source),
+          .dR = at(MutableOrNull<T>(checked.recurrent_weight_gradient, g.dR),
+                   o.d_recurrent_weight),
+          .dW = at(MutableOrNull<T>(c.has_input_weight, g.dW), o.d_input_weight),
+          .db = at(MutableOrNull<T>(c.has_bias, g.db), o.d_bias),
+          .dh0 = at(MutableOrNull<T>(c.has_init_state, g.dh0), o.init_state)};
+}
 
 }  // namespace sgrnn
 

@@ -43,8 +43,8 @@ class NativeRunner : public Runner {
                           {in.x, in.R, in.W, in.b, in.h0, mask, nullptr, out.y, out.z});
     } else {
       cpu::Gradients<float>(executor_, c, d,
-                            {in.x, in.R, in.dy, in.z, in.W, in.h0, mask, nullptr, out.dx, out.dR,
-                             out.dW, out.db, out.dh0});
+                            {in.x, in.R, in.dy, in.z, in.W, in.b, in.h0, mask, nullptr, out.dx,
+                             out.dR, out.dW, out.db, out.dh0});
     }
     if (precision == Precision::kFloat16) {
       const float* outputs[2][5] = {{out.y, out.z}, {out.dx, out.dR, out.dW, out.db, out.dh0}};

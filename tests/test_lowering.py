@@ -1,8 +1,13 @@
-"""Platform routing: CPU lowers to the custom calls, CUDA to its own where the package was built
-with them (test_cuda.py checks those), every other platform to the decomposition.
+"""What each call lowers to: on CPU the custom calls (forward, its training form under
+jax.grad, the gradient op, every dtype), with CUDA's where the package was built with them
+(test_cuda.py checks those), every other platform the decomposition; export, shape-polymorphic
+export, and ``available`` against ``runs_here``. Which CPU handler a call picks:
+test_backends.py.
 
-Cross-platform lowering with jax.export needs no device, so this runs on any machine.
+Lowering for a platform needs no device of it, so this runs on any machine.
 """
+
+import re
 
 import jax
 import jax.numpy as jnp
@@ -11,12 +16,16 @@ import pytest
 from jax import export
 
 import jax_sgrnn
-from conftest import LOOP_T
+from conftest import (LOOP_T, custom_calls, diff_inputs, lowered_text, make_inputs, out_shape,
+                      random_array, requires_native)
+
+op = jax_sgrnn.single_gate_rnn
+ref = jax_sgrnn.reference
 
 #: Every backend's FFI targets: none may appear off CPU (or, from the CUDA build, off CUDA).
 TARGETS = tuple(t for b in jax_sgrnn.backends().values() for t in b.targets.values())
 CUDA_BUILT = jax_sgrnn.backends()["cuda"].available
-NATIVE = tuple(jax_sgrnn.backends()["native"].targets.values())
+NATIVE = jax_sgrnn.backends()["native"].targets
 
 
 def _problem(bidirectional: bool):
@@ -48,14 +57,65 @@ def test_other_platforms_lower_the_decomposition(platform, bidirectional):
     assert "stablehlo.while" in module  # the lax.scan recurrence
 
 
-def test_cpu_lowers_to_the_custom_calls(native_backend):
-    if not jax_sgrnn.backends()["native"].available:
-        pytest.fail("the CPU handler did not load")
-    x, R, W, mask = _problem(False)
-    grad = jax.jit(jax.grad(_loss, argnums=(0, 1, 2)), static_argnums=4)
-    hlo = grad.lower(x, R, W, mask, False).as_text()
-    assert all(t in hlo for t in NATIVE)
-    assert "stablehlo.while" not in hlo
+@requires_native
+@pytest.mark.parametrize("bi", [False, True], ids=["uni", "bi"])
+def test_hlo_forward_and_grad_use_custom_calls(native_backend, rng, bi):
+    inputs = make_inputs(rng, 4, 3, 3, 5, bidirectional=bi, mask="bool")
+    flags = dict(activation="tanh", bidirectional=bi)
+    fwd_text = lowered_text(lambda i: op(**i, **flags), inputs)
+    fwd_calls = custom_calls(fwd_text, NATIVE["forward"])
+    assert fwd_calls, fwd_text
+    assert not custom_calls(fwd_text, NATIVE["gradients"])
+    # Inference: no z is produced.
+    assert all(re.search(r"training = false", l) for l in fwd_calls), fwd_calls
+    # The op does not fall back to the scan decomposition on CPU.
+    assert "stablehlo.while" not in fwd_text
+
+    c = random_array(rng, out_shape(inputs, bi), jnp.float64)
+    grad_fn = jax.grad(lambda d: jnp.sum(op(**{**inputs, **d}, **flags) * c))
+    grad_text = lowered_text(grad_fn, diff_inputs(inputs))
+    fwd_in_grad = custom_calls(grad_text, NATIVE["forward"])
+    assert fwd_in_grad, grad_text
+    assert custom_calls(grad_text, NATIVE["gradients"]), grad_text
+    # Under differentiation the inference op runs the training forward (z saved).
+    assert all(re.search(r"training = true", l) for l in fwd_in_grad), fwd_in_grad
+    assert "stablehlo.while" not in grad_text
+
+
+@requires_native
+def test_hlo_gradients_op_uses_custom_call(native_backend, rng):
+    inputs = make_inputs(rng, 4, 3, 3, 5)
+    _, z = ref(**inputs, training=True)
+    text = lowered_text(lambda i, dy, z: jax_sgrnn.single_gate_rnn_gradients(
+        i["source"], i["recurrent_weight"], dy, z, i["input_weight"], i["bias"],
+        i["init_state"]), inputs, z, z)
+    assert custom_calls(text, NATIVE["gradients"]), text
+    assert not custom_calls(text, NATIVE["forward"])
+
+
+@requires_native
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16, jnp.float32],
+                         ids=["float16", "bfloat16", "float32"])
+def test_hlo_custom_call_for_other_dtypes(native_backend, rng, dtype):
+    inputs = make_inputs(rng, 4, 3, 3, 5, dtype=dtype)
+    text = lowered_text(jax.grad(lambda d: jnp.sum(op(**{**inputs, **d}).astype(jnp.float32))),
+                        diff_inputs(inputs))
+    assert custom_calls(text, NATIVE["forward"])
+    assert custom_calls(text, NATIVE["gradients"])
+
+
+def test_lowering_for_other_platforms_is_the_decomposition(rng):
+    """Off CPU (here: lowering for TPU, which needs no device) the op lowers to the lax.scan
+    decomposition, not to the CPU custom calls."""
+    inputs = make_inputs(rng, LOOP_T, 3, 3, 5)
+    traced = jax.jit(jax.grad(lambda d: jnp.sum(op(**{**inputs, **d})))).trace(
+        diff_inputs(inputs))
+    try:
+        text = traced.lower(lowering_platforms=("tpu",)).as_text()
+    except TypeError as err:  # pragma: no cover - older/newer jax without the keyword
+        pytest.skip(f"cross-platform lowering unavailable: {err}")
+    assert "jax_sgrnn_" not in text
+    assert "stablehlo.while" in text
 
 
 def test_portable_lowering_functions_match_the_custom_call(native_backend):
@@ -68,7 +128,7 @@ def test_portable_lowering_functions_match_the_custom_call(native_backend):
     mask = mask.astype(np.float32)
     desc = jax_sgrnn.SingleGateRNNDescriptor(bidirectional=True, training=True,
                                              activation="sigmoid")
-    config = OpConfig.of(desc, W, None, None, mask, backends=("native",))
+    config = OpConfig.of(desc, ("native",), input_weight=W, mask=mask)
     native = forward_p.bind(x, R, W, mask, config=config)
     portable = forward_reference(x, R, W, mask, config=config)
     for a, b in zip(native, portable):
@@ -146,7 +206,7 @@ def test_shape_polymorphic_export(native_backend, platform, symbolic):
     module = exported.mlir_module()
     targets = jax_sgrnn.backends()["native" if platform == "cpu" else "cuda"].targets
     if platform == "cpu":
-        assert all(t in module for t in NATIVE)
+        assert all(t in module for t in NATIVE.values())
     else:  # N or T symbolic in the forward (a vmapped batch joins N): its plan is unknown
         assert targets["forward"] not in module and "stablehlo.while" in module
     if _runs_here(platform):
