@@ -87,6 +87,14 @@ def grid_every_pattern(shapes) -> list:
                 (False, True), (False, True), OPTIONAL_PATTERNS, MASK_KINDS))]
 
 
+def backends_over(full: list, reduced: list) -> list:
+    """Cases for a test parametrized on ``cpu_backend`` (indirectly) and a grid's fields: each
+    native CPU backend over the ``full`` grid, the ``lax.scan`` decomposition over ``reduced``
+    (it is the reference's own code, which test_reference.py checks over its grids)."""
+    return [pytest.param(backend, *case.values, id=f"{backend}-{case.id}")
+            for backend in CPU_BACKENDS for case in (reduced if backend == "scan" else full)]
+
+
 def grid_every_activation(shapes) -> list:
     """activation x reverse x bidirectional (20 cases); patterns, masks and shapes cycle."""
     return [_grid_case(act, rev, bi, OPTIONAL_PATTERNS[(3 * i + 7) % len(OPTIONAL_PATTERNS)],

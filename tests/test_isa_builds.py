@@ -22,9 +22,12 @@ CHECK = textwrap.dedent("""
     assert _sgrnn_cpu.selected_isa() == sys.argv[1], _sgrnn_cpu.selected_isa()
     rng = np.random.default_rng(0)
     T, N, I, H = 9, 5, 3, 40  # large enough for the parallel pieces
+    # Each activation in each dtype, the (bidirectional, reverse) pairs cycling with it: what a
+    # build compiles differently is its vector code, the same for every time order.
+    pairs = list(itertools.product([False, True], [False, True]))
     for dtype, tol in ((np.float64, 1e-10), (np.float32, 2e-5)):
-        for act, bidi, rev in itertools.product(["none", "relu", "tanh", "sigmoid", "hard_sigmoid"],
-                                                [False, True], [False, True]):
+        for i, act in enumerate(["none", "relu", "tanh", "sigmoid", "hard_sigmoid"]):
+            bidi, rev = pairs[(i + (dtype == np.float32)) % len(pairs)]
             D = 2 if bidi else 1
             a = lambda *s, scale=1.0: jnp.asarray(rng.normal(size=s) * scale, dtype)
             args = (a(T, N, I), a(*((2, H, H) if bidi else (H, H)), scale=0.3 / H ** 0.5),

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 import jax_sgrnn
-from conftest import (ACTIVATIONS, MASK_KINDS, OPTIONAL_PATTERNS, assert_close, diff_inputs,
-                      full_results, grid_every_activation, grid_every_pattern, make_inputs,
-                      make_mask, out_shape, pattern_id, random_array, ref_jit, value_and_grads)
+from conftest import (ACTIVATIONS, MASK_KINDS, OPTIONAL_PATTERNS, assert_close, backends_over,
+                      diff_inputs, full_results, grid_every_activation, grid_every_pattern,
+                      make_inputs, make_mask, out_shape, pattern_id, random_array, ref_jit,
+                      value_and_grads)
 
 op = jax_sgrnn.single_gate_rnn
 ref = jax_sgrnn.reference
@@ -44,7 +45,9 @@ def _check_op_vs_reference(rng, act, rev, bi, pattern, mask, shape, dtype):
                    full_results(ref, inputs, c, flags), dtype, bi)
 
 
-@pytest.mark.parametrize("act,rev,bi,pattern,mask,shape", grid_every_pattern(SHAPES))
+@pytest.mark.parametrize("cpu_backend,act,rev,bi,pattern,mask,shape",
+                         backends_over(grid_every_pattern(SHAPES), grid_every_activation(SHAPES)),
+                         indirect=["cpu_backend"])
 def test_op_matches_reference_float64(cpu_backend, rng, act, rev, bi, pattern, mask, shape):
     _check_op_vs_reference(rng, act, rev, bi, pattern, mask, shape, jnp.float64)
 

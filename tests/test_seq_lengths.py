@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 import jax_sgrnn
-from conftest import (LOOP_T, assert_close, diff_inputs, full_results, grid_every_activation,
-                      grid_every_pattern, lowered_text, make_inputs, out_shape, random_array,
-                      ref_jit)
+from conftest import (LOOP_T, assert_close, backends_over, diff_inputs, full_results,
+                      grid_every_activation, grid_every_pattern, lowered_text, make_inputs,
+                      out_shape, random_array, ref_jit)
 
 op = jax_sgrnn.single_gate_rnn
 ref = jax_sgrnn.reference
@@ -87,7 +87,9 @@ def _check_against_oracle(rng, act, rev, bi, pattern, mask, shape, dtype):
         assert not np.asarray(got["grads"]["source"])[padded].any(), "dx at padded steps"
 
 
-@pytest.mark.parametrize("act,rev,bi,pattern,mask,shape", grid_every_pattern(SHAPES))
+@pytest.mark.parametrize("cpu_backend,act,rev,bi,pattern,mask,shape",
+                         backends_over(grid_every_pattern(SHAPES), grid_every_activation(SHAPES)),
+                         indirect=["cpu_backend"])
 def test_matches_per_row_oracle_float64(cpu_backend, rng, act, rev, bi, pattern, mask, shape):
     _check_against_oracle(rng, act, rev, bi, pattern, mask, shape, jnp.float64)
 
