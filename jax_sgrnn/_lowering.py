@@ -82,7 +82,8 @@ def _ffi_gradients(x, R, dy, z, *rest, config: OpConfig, backend: Backend) -> li
     x, dy = x.astype(cdt), dy.astype(cdt)
     results = (result((G, T, N, I)), result((G, D, H, H)),
                result((G, D * H, I), config.has("input_weight")),
-               result((G, D * H), config.has("bias")), result((G, N, D * H), config.has("init_state")))
+               result((G, D * H), config.has("bias")),
+               result((G, N, D * H), config.has("init_state")))
     dx, dR, dW, db, dh0 = jax.ffi.ffi_call(backend.targets["gradients"], results)(
         x, R.astype(cdt).reshape(D, H, H), dy, z.astype(cdt), *_ffi_operands(opt, cdt),
         **config.ffi_attributes())

@@ -70,11 +70,6 @@ class OpConfig:
         by_name = dict(zip(self.given, operands))
         return {name: by_name.get(name) for name in OPTIONAL_NAMES}
 
-    @staticmethod
-    def pack(optionals: dict) -> list:
-        """The present optional operands in primitive order."""
-        return [optionals[n] for n in OPTIONAL_NAMES if optionals.get(n) is not None]
-
     def with_training(self, training: bool) -> "OpConfig":
         return dataclasses.replace(self, descriptor=self.descriptor.replace(training=training))
 
@@ -199,10 +194,11 @@ gradients_p = Primitive("sgrnn_gradients")
 gradients_p.multiple_results = True
 
 
-def gradient_dims(x, R, dy, z, rest, config: OpConfig) -> tuple[int, Dims]:
-    """Validates the grouped gradient operands; returns (G, problem sizes)."""
+def gradient_dims(operands: dict, config: OpConfig) -> tuple[int, Dims]:
+    """Validates the grouped gradient operands (by name); returns (G, problem sizes)."""
+    x, R = operands["source"], operands["recurrent_weight"]
+    dy, z = operands["source_gradient"], operands["z_state"]
     G = x.shape[0] if len(x.shape) == 4 else None
-    operands = dict(zip(config.operand_names(gradients=True), (x, R, dy, z, *rest)))
     for name, a in operands.items():
         if not OPERANDS[name].grouped:
             continue
@@ -213,7 +209,7 @@ def gradient_dims(x, R, dy, z, rest, config: OpConfig) -> tuple[int, Dims]:
             raise ValueError(f"{name}: expected a leading group axis of size {G}, got "
                              f"{tuple(a.shape)}")
     strip = lambda a: None if a is None else tuple(a.shape[1:])
-    opt = config.optionals(rest)
+    opt = {n: operands.get(n) for n in OPTIONAL_NAMES}
     dims = check_shapes(strip(x), R.shape, shape_of(opt["input_weight"]), shape_of(opt["bias"]),
                         strip(opt["init_state"]), strip(opt["mask"]),
                         config.descriptor.bidirectional,
@@ -223,8 +219,8 @@ def gradient_dims(x, R, dy, z, rest, config: OpConfig) -> tuple[int, Dims]:
 
 
 def _gradients_abstract_eval(x, R, dy, z, *rest, config: OpConfig):
-    G, _ = gradient_dims(x, R, dy, z, rest, config)
     operands = dict(zip(config.operand_names(gradients=True), (x, R, dy, z, *rest)))
+    G, _ = gradient_dims(operands, config)
     return _gradient_avals(G, operands, config)
 
 

@@ -75,17 +75,18 @@ def _bind_forward(config, training, x, R, *optionals):
 def _bind_gradients(config, x, R, dy, z, *optionals) -> list:
     """The gradient primitive for one problem (a group axis of size 1 added to the operands
     that have one, and removed from the results)."""
-    operands = dict(zip(config.operand_names(gradients=True), (x, R, dy, z)))
-    operands.update((n, a) for n, a in zip(OPTIONAL_NAMES, optionals) if a is not None)
-    out = gradients_p.bind(*(a[None] if OPERANDS[n].grouped else a for n, a in operands.items()),
+    operands = [x, R, dy, z, *(a for a in optionals if a is not None)]
+    out = gradients_p.bind(*(a[None] if OPERANDS[n].grouped else a
+                             for n, a in zip(config.operand_names(gradients=True), operands)),
                            config=config)
     return [g[0] for g in out]
 
 
-def _cotangents(config, x, R, *optionals_and_z_dy) -> tuple:
-    """Cotangents for every input (``_spec.INPUTS``) from the gradient op; those that are not
-    differentiable (the mask, the lengths) or absent get none."""
-    *optionals, z, dy = optionals_and_z_dy
+def _cotangents(config, residuals, dy) -> tuple:
+    """Cotangents for every input (``_spec.INPUTS``) from the gradient op, given the forward's
+    residuals (its inputs, then z); those that are not differentiable (the mask, the lengths)
+    or absent get none."""
+    x, R, *optionals, z = residuals
     grads = iter(_bind_gradients(config, x, R, dy, z, *optionals))
     return tuple(next(grads) if o.differentiable and a is not None else None
                  for o, a in zip(INPUTS, (x, R, *optionals)))
@@ -102,7 +103,7 @@ def _rnn_fwd(config, x, R, *optionals):
 
 
 def _rnn_bwd(config, residuals, dy):
-    return _cotangents(config, *residuals, dy)
+    return _cotangents(config, residuals, dy)
 
 
 _rnn = jax.custom_vjp(_rnn, nondiff_argnums=(0,))
@@ -126,7 +127,7 @@ def _rnn_with_z_bwd(config, residuals, cotangents):
     dy, dz = (jnp.zeros(c.shape, c.dtype) if isinstance(c, SymbolicZero) else c
               for c in cotangents)
     if isinstance(cotangents[1], SymbolicZero):
-        return _cotangents(config, x, R, W, b, h0, m, lengths, z, dy)
+        return _cotangents(config, residuals, dy)
     desc = config.descriptor.replace(training=True)
     _, vjp = jax.vjp(lambda *a: reference(*a, mask=m, seq_lengths=lengths, descriptor=desc),
                      x, R, W, b, h0)
