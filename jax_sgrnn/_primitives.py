@@ -1,4 +1,5 @@
-"""The two primitives (forward, gradients): abstract evaluation, batching and JVP rules.
+"""The two primitives (forward, gradients): abstract evaluation and batching rules (their
+autodiff rules are in ``_autodiff.py``).
 
 Operands are ``x, R`` (plus ``dy, z`` for the gradients) followed by the optional inputs that
 are present, in the order of ``_spec.INPUTS`` (the operand table every rule here derives from);
@@ -19,12 +20,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import Primitive
-from jax.interpreters import ad, batching
+from jax.interpreters import batching
 from jax.sharding import PartitionSpec
 
 from ._spec import (INPUTS, OPERANDS, OPTIONAL_NAMES, REQUIRED_NAMES, STATE_INPUTS, Dims,
                     SingleGateRNNDescriptor, check_shapes, shape_of, spec_of)
-from .reference import reference, reference_gradients
+from .reference import reference_gradients, scan_forward
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,32 +92,19 @@ def _result_aval(x, shape, spec=None) -> jax.core.ShapedArray:
     return x.update(shape=shape, weak_type=False, sharding=x.sharding.update(spec=spec))
 
 
-def _eager_impl(primitive: Primitive):
-    """Eager evaluation compiles the primitive (once per shape and config) and runs it."""
-    jitted = jax.jit(lambda *args, config: primitive.bind(*args, config=config),
-                     static_argnames="config")
+def eager_impl(primitive: Primitive):
+    """Eager evaluation compiles the primitive (once per shape and parameters) and runs it."""
+    jitted = jax.jit(lambda *args, **params: primitive.bind(*args, **params),
+                     static_argnames=("config", "tangents"))
 
-    def impl(*args, config: OpConfig):
+    def impl(*args, **params):
         # Under jax.disable_jit() the jitted function would call this impl again, forever; a
         # primitive has no Python to run in its place, so it is compiled regardless (as JAX's
         # own primitives are).
         with jax.disable_jit(False):
-            return jitted(*args, config=config)
+            return jitted(*args, **params)
 
     return impl
-
-
-def _jvp_of_decomposition(decomposition):
-    """A primitive's derivative, by JAX's autodiff of its ``lax.scan`` decomposition.
-
-    First derivatives of the op never come here: its custom VJP binds the gradient primitive.
-    Second derivatives (Hessian-vector products, gradient penalties) differentiate that
-    backward pass, i.e. these primitives: exact, at the decomposition's speed.
-    """
-    def jvp(primals, tangents, *, config: OpConfig):
-        tangents = tuple(ad.instantiate_zeros(t) for t in tangents)
-        return jax.jvp(functools.partial(decomposition, config=config), tuple(primals), tangents)
-    return jvp
 
 
 # ----------------------------------------------------------------------------- forward
@@ -135,13 +123,15 @@ def _forward_abstract_eval(x, R, *rest, config: OpConfig):
 
 
 forward_p.def_abstract_eval(_forward_abstract_eval)
-forward_p.def_impl(_eager_impl(forward_p))
+forward_p.def_impl(eager_impl(forward_p))
 
 
 def forward_reference(x, R, *rest, config: OpConfig, unroll: int = 1) -> list:
     """The forward primitive computed by the ``lax.scan`` reference (the portable lowering,
     with ``unroll`` steps per loop iteration)."""
-    out = reference(x, R, descriptor=config.descriptor, unroll=unroll, **config.optionals(rest))
+    opt = config.optionals(rest)
+    out = scan_forward(x, R, opt["input_weight"], opt["bias"], opt["init_state"], opt["mask"],
+                       opt["seq_lengths"], config.descriptor, unroll)
     return list(out) if config.descriptor.training else [out]
 
 
@@ -238,7 +228,7 @@ def _gradient_avals(G, operands: dict, config: OpConfig) -> list:
 
 
 gradients_p.def_abstract_eval(_gradients_abstract_eval)
-gradients_p.def_impl(_eager_impl(gradients_p))
+gradients_p.def_impl(eager_impl(gradients_p))
 
 
 def gradients_reference(x, R, dy, z, *rest, config: OpConfig, unroll: int = 1) -> list:
@@ -262,5 +252,3 @@ def gradients_reference(x, R, dy, z, *rest, config: OpConfig, unroll: int = 1) -
 
 batching.primitive_batchers[gradients_p] = _batch_rule(gradients_p, gradients_reference,
                                                        gradients=True)
-ad.primitive_jvps[forward_p] = _jvp_of_decomposition(forward_reference)
-ad.primitive_jvps[gradients_p] = _jvp_of_decomposition(gradients_reference)

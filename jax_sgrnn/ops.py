@@ -1,6 +1,7 @@
 """Public ops: ``single_gate_rnn`` and ``single_gate_rnn_gradients`` (MPSGraph's pair).
 
-Inputs are validated here, at trace time; the primitives and their custom VJP follow.
+Inputs are validated here, at trace time, then bound to the primitives (``_primitives.py``,
+differentiated by the rules in ``_autodiff.py``).
 """
 
 from __future__ import annotations
@@ -8,16 +9,15 @@ from __future__ import annotations
 from typing import Optional, Union
 
 import jax
-import jax.numpy as jnp
 from jax import lax
-from jax.custom_derivatives import SymbolicZero, custom_vjp_primal_tree_values
 
 from . import _lowering  # noqa: F401  (registers the lowerings)
+from ._autodiff import bind_gradients
 from ._backends import backends_for
-from ._primitives import OpConfig, forward_p, gradients_p
-from ._spec import (INPUTS, OPERANDS, OPTIONAL_NAMES, Activation, SingleGateRNNDescriptor,
-                    as_arrays, compute_dtype, resolve_descriptor, seq_lengths_operand, validate)
-from .reference import reference, without_padding
+from ._primitives import OpConfig, forward_p
+from ._spec import (OPTIONAL_NAMES, Activation, SingleGateRNNDescriptor, as_arrays,
+                    compute_dtype, resolve_descriptor, seq_lengths_operand, validate)
+from .reference import without_padding
 
 ArrayLike = jax.typing.ArrayLike
 
@@ -56,9 +56,9 @@ def _varying_axes(a) -> frozenset:
 
 def _vary_alike(*arrays) -> list:
     """Inside a ``shard_map`` with ``check_vma``, makes every operand vary over the union of
-    the mesh axes any of them varies over, as a primitive's operands must. Done before the
-    custom VJP, so the transpose of that cast sums an invariant input's gradient (the weights')
-    over the devices, exactly as for JAX's own ops."""
+    the mesh axes any of them varies over, as a primitive's operands must. The transpose of that
+    cast sums an invariant input's gradient (the weights') over the devices, exactly as for
+    JAX's own ops."""
     axes = frozenset().union(*(_varying_axes(a) for a in arrays if a is not None))
     if not axes:
         return list(arrays)
@@ -70,72 +70,6 @@ def _vary_alike(*arrays) -> list:
 def _bind_forward(config, training, x, R, *optionals):
     return forward_p.bind(x, R, *(a for a in optionals if a is not None),
                           config=config.with_training(training))
-
-
-def _bind_gradients(config, x, R, dy, z, *optionals) -> list:
-    """The gradient primitive for one problem (a group axis of size 1 added to the operands
-    that have one, and removed from the results)."""
-    operands = [x, R, dy, z, *(a for a in optionals if a is not None)]
-    out = gradients_p.bind(*(a[None] if OPERANDS[n].grouped else a
-                             for n, a in zip(config.operand_names(gradients=True), operands)),
-                           config=config)
-    return [g[0] for g in out]
-
-
-def _cotangents(config, residuals, dy) -> tuple:
-    """Cotangents for every input (``_spec.INPUTS``) from the gradient op, given the forward's
-    residuals (its inputs, then z); those that are not differentiable (the mask, the lengths)
-    or absent get none."""
-    x, R, *optionals, z = residuals
-    grads = iter(_bind_gradients(config, x, R, dy, z, *optionals))
-    return tuple(next(grads) if o.differentiable and a is not None else None
-                 for o, a in zip(INPUTS, (x, R, *optionals)))
-
-
-# y only: the primal call skips z; under differentiation the forward keeps z as the residual.
-def _rnn(config, x, R, *optionals):
-    return _bind_forward(config, False, x, R, *optionals)[0]
-
-
-def _rnn_fwd(config, x, R, *optionals):
-    y, z = _bind_forward(config, True, x, R, *optionals)
-    return y, (x, R, *optionals, z)
-
-
-def _rnn_bwd(config, residuals, dy):
-    return _cotangents(config, residuals, dy)
-
-
-_rnn = jax.custom_vjp(_rnn, nondiff_argnums=(0,))
-_rnn.defvjp(_rnn_fwd, _rnn_bwd)
-
-
-# (y, z), for training=True. MPSGraph's gradient op takes no cotangent for z, so when z itself
-# is differentiated the backward falls back to the reference's autodiff (exact, slower).
-def _rnn_with_z(config, x, R, *optionals):
-    return tuple(_bind_forward(config, True, x, R, *optionals))
-
-
-def _rnn_with_z_fwd(config, *primals):
-    x, R, *optionals = custom_vjp_primal_tree_values(primals)
-    y, z = _bind_forward(config, True, x, R, *optionals)
-    return (y, z), (x, R, *optionals, z)
-
-
-def _rnn_with_z_bwd(config, residuals, cotangents):
-    x, R, W, b, h0, m, lengths, z = residuals
-    dy, dz = (jnp.zeros(c.shape, c.dtype) if isinstance(c, SymbolicZero) else c
-              for c in cotangents)
-    if isinstance(cotangents[1], SymbolicZero):
-        return _cotangents(config, residuals, dy)
-    desc = config.descriptor.replace(training=True)
-    _, vjp = jax.vjp(lambda *a: reference(*a, mask=m, seq_lengths=lengths, descriptor=desc),
-                     x, R, W, b, h0)
-    return (*vjp((dy, dz)), None, None)
-
-
-_rnn_with_z = jax.custom_vjp(_rnn_with_z, nondiff_argnums=(0,))
-_rnn_with_z.defvjp(_rnn_with_z_fwd, _rnn_with_z_bwd, symbolic_zeros=True)
 
 
 def single_gate_rnn(
@@ -175,17 +109,18 @@ def single_gate_rnn(
       ``y`` of shape ``[T, N, D*H]``, or ``(y, z)`` when ``training`` (``z`` is the
       pre-activation "zState" that :func:`single_gate_rnn_gradients` takes).
 
-    Differentiable with ``jax.grad`` (the backward is the gradient op) and batchable with
-    ``jax.vmap``. Raises ``ValueError``/``TypeError`` on bad shapes or dtypes.
+    Differentiable in reverse mode (``jax.grad``, ``jax.vjp``: the backward is the gradient
+    op) and forward mode (``jax.jvp``, ``jax.jacfwd``, ``jax.linearize``: the tangent runs as
+    one more call of the forward recurrence), and batchable with ``jax.vmap``. Raises
+    ``ValueError``/``TypeError`` on bad shapes or dtypes.
     """
     desc = resolve_descriptor(descriptor, reverse=reverse, bidirectional=bidirectional,
                               training=training, activation=activation)
     config, x, R, optionals, _ = _normalise(source, recurrent_weight, input_weight, bias,
                                             init_state, mask, seq_lengths, desc)
     x, R, *optionals = _vary_alike(x, R, *optionals)
-    if desc.training:
-        return _rnn_with_z(config, x, R, *optionals)
-    return _rnn(config, x, R, *optionals)
+    out = _bind_forward(config, desc.training, x, R, *optionals)
+    return tuple(out) if desc.training else out[0]
 
 
 def single_gate_rnn_gradients(
@@ -227,4 +162,4 @@ def single_gate_rnn_gradients(
         source, recurrent_weight, input_weight, bias, init_state, mask, seq_lengths, desc,
         state_arrays=(("source_gradient", source_gradient), ("z_state", z_state)))
     x, R, dy, z, *optionals = _vary_alike(x, R, dy, z, *optionals)
-    return _bind_gradients(config, x, R, dy, z, *optionals)
+    return bind_gradients(config, x, R, dy, z, *optionals)

@@ -170,7 +170,7 @@ def _in_compute_dtype(source, recurrent_weight, input_weight, bias, init_state, 
     R = cast(recurrent_weight).reshape(dims.D, dims.H, dims.H)
     h0 = (_zero_state(source, dims, cdt) if init_state is None else cast(init_state))
     m = (None if mask is None
-         else jnp.broadcast_to(cast(lax.stop_gradient(mask)), dims.state_shape))
+         else jnp.broadcast_to(cast(mask), dims.state_shape))
     lengths = None if seq_lengths is None else seq_lengths_operand(seq_lengths, dims.T)
     return dtype, dims, cast, R, h0, m, lengths
 
@@ -183,10 +183,23 @@ def reference(source, recurrent_weight, input_weight=None, bias=None, init_state
     """Single-gate RNN forward with ``lax.scan``; same signature as ``single_gate_rnn``, plus
     ``unroll``, the steps per iteration of the scan's loop (``lax.scan``'s own argument).
 
-    Returns ``y``, or ``(y, z)`` when ``training``.
+    Returns ``y``, or ``(y, z)`` when ``training``. The mask is a constant (no gradient).
     """
     desc = resolve_descriptor(descriptor, reverse=reverse, bidirectional=bidirectional,
                               training=training, activation=activation)
+    return scan_forward(source, recurrent_weight, input_weight, bias, init_state,
+                        _constant(mask), seq_lengths, desc, unroll)
+
+
+def _constant(mask):
+    return None if mask is None else lax.stop_gradient(jnp.asarray(mask))
+
+
+def scan_forward(source, recurrent_weight, input_weight, bias, init_state, mask, seq_lengths,
+                 desc: SingleGateRNNDescriptor, unroll: int = 1):
+    """:func:`reference` with every argument given, the mask differentiable like the other
+    inputs (the forward primitive's decomposition: the tangent's own recurrence takes a mask
+    that depends on z, ``_autodiff.py``)."""
     dtype, dims, cast, R, h0, m, lengths = _in_compute_dtype(
         source, recurrent_weight, input_weight, bias, init_state, mask, seq_lengths, desc)
     valid = None if lengths is None else valid_steps(lengths, dims.T)
@@ -228,16 +241,22 @@ def reference(source, recurrent_weight, input_weight=None, bias=None, init_state
     return y.astype(dtype), out.astype(dtype)
 
 
-def _direction_weight_gradient(activation: Activation, dz, z, h0, mask, valid):
-    """One direction's dR ``[H, H]`` from its dz and z in processing order: the sum over steps
-    k of ``dz_k^T (h_{k-1} m_k)``, one product over all steps and rows (padded steps add
-    nothing, whatever z holds there)."""
+def recurrent_inputs(activation: Activation, z, h0, mask, valid):
+    """One direction's ``h[k-1] * m[k]`` ``[T, N, H]`` (what step k multiplies by R^T), from
+    its z and h0 in processing order; zero at padded steps, whatever z holds there."""
     hm = jnp.concatenate([h0[None], activate(activation, z)])[:z.shape[0]]
     if mask is not None:
         hm = hm * mask
     if valid is not None:
         hm = jnp.where(valid, hm, 0)
-    return sum_over_steps_and_rows("tnh,tnk->hk", dz, hm)
+    return hm
+
+
+def _direction_weight_gradient(activation: Activation, dz, z, h0, mask, valid):
+    """One direction's dR ``[H, H]`` from its dz and z in processing order: the sum over steps
+    k of ``dz_k^T (h_{k-1} m_k)``, one product over all steps and rows."""
+    return sum_over_steps_and_rows("tnh,tnk->hk", dz,
+                                   recurrent_inputs(activation, z, h0, mask, valid))
 
 
 def recurrent_weight_gradient(d_source, z_state, init_state, mask, seq_lengths,
@@ -281,8 +300,8 @@ def reference_gradients(source, recurrent_weight, source_gradient, z_state, inpu
     desc = resolve_descriptor(descriptor, reverse=reverse, bidirectional=bidirectional,
                               training=training, activation=activation)
     dtype, dims, cast, R, h0, m, lengths = _in_compute_dtype(
-        source, recurrent_weight, input_weight, bias, init_state, mask, seq_lengths, desc,
-        state_shapes=(("source_gradient", source_gradient), ("z_state", z_state)))
+        source, recurrent_weight, input_weight, bias, init_state, _constant(mask), seq_lengths,
+        desc, state_shapes=(("source_gradient", source_gradient), ("z_state", z_state)))
     source = cast(source)
     x, m, g, z = _steps_unsharded(source, m, cast(source_gradient), cast(z_state))
     x, h0, m, g, z = without_padding(lengths, dims.T, x, h0, m, g, z)
