@@ -1,7 +1,8 @@
 """CPU benchmark: jax_sgrnn's custom call vs the jitted lax.scan reference vs PyTorch nn.RNN.
 
 All three run in this one process on the same shapes: tanh, with input weight, bias and
-initial state, float32. Forward, and forward+backward (gradients for every input). Reports
+initial state, float32. Forward, forward+backward (gradients for every input) and jvp (a
+tangent for every input; JAX contenders only). Reports
 the median of --repeats timed runs after warm-up (and the op's and the scan's min-max, their
 spread), timed in rounds that interleave the contenders and a large GEMM (so that a slow
 stretch of the machine falls on all alike), the op's GFLOP/s and its fraction of the large
@@ -125,13 +126,17 @@ def recurrence_only(x, R, W, b, h0, activation):
 
 
 def jax_timers(rnn, x, R, W, b, h0, c):
-    """(forward, forward+backward) callables that block until done."""
+    """(forward, forward+backward, jvp) callables that block until done; the jvp perturbs
+    every input (the tangents are the cotangent-sized data reused)."""
     fwd = jax.jit(lambda x, R, W, b, h0: rnn(x, R, W, b, h0, activation="tanh"))
     loss = lambda *a: jnp.sum(rnn(*a, activation="tanh") * c)
     grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3, 4)))
+    jvp = jax.jit(lambda p, t: jax.jvp(lambda *a: rnn(*a, activation="tanh"), p, t))
     args = (x, R, W, b, h0)
+    tangents = tuple(0.5 * a for a in args)
     return (lambda: fwd(*args).block_until_ready(),
-            lambda: jax.block_until_ready(grad(*args)))
+            lambda: jax.block_until_ready(grad(*args)),
+            lambda: jax.block_until_ready(jvp(args, tangents)))
 
 
 def torch_timers(x, R, W, b, h0, c):
@@ -159,7 +164,8 @@ def torch_timers(x, R, W, b, h0, c):
         y, _ = rnn(xt, h0t)
         y.backward(ct)
 
-    return fwd, fwd_bwd, (torch.__version__, torch.get_num_threads())
+    # The jvp is timed for the JAX contenders only.
+    return fwd, fwd_bwd, None, (torch.__version__, torch.get_num_threads())
 
 
 PHASES = ("projection", "recurrence", "backward_recurrence", "weight_gradients",
@@ -248,8 +254,10 @@ def main(argv=None) -> list[dict]:
         if have_torch:
             *pair, torch_info = torch_timers(x, R, W, b, h0, c)
             timers["torch"] = pair
-        for i, (name, flops) in enumerate((("fwd", flops_fwd), ("fwd+bwd", 3 * flops_fwd))):
-            stats = interleaved_stats({**{k: v[i] for k, v in timers.items()},
+        # The jvp's tangent adds dx W^T, x dW^T and (h m) dR^T to one more recurrence.
+        passes = (("fwd", flops_fwd), ("fwd+bwd", 3 * flops_fwd), ("jvp", 3 * flops_fwd))
+        for i, (name, flops) in enumerate(passes):
+            stats = interleaved_stats({**{k: v[i] for k, v in timers.items() if v[i]},
                                        "gemm": gemm_timer}, args.repeats)
             row_gemm = 2.0 * GEMM_SIZE ** 3 / stats.pop("gemm")["median"] / 1e9
             t = {k: st["median"] for k, st in stats.items()}
@@ -270,6 +278,8 @@ def main(argv=None) -> list[dict]:
                   f"{row['xla_proj_ms']:8.2f} {row['op_gflops']:8.1f} {row_gemm:6.0f} "
                   f"{100 * row['op_fraction_of_gemm']:6.0f}% {row['speedup_vs_scan']:7.2f}x "
                   f"{vs_torch}", flush=True)
+        fwd_ms, jvp_ms = (r["op_ms"] for r in rows[-3::2])
+        print(f"{'':>16} jvp/fwd {jvp_ms / fwd_ms:8.2f} (the op's jvp over its forward)")
         phases[spec] = phase_ms(timers["op"][1], args.repeats)
     if torch_info:
         print(f"torch {torch_info[0]}, {torch_info[1]} threads")

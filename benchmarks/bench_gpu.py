@@ -1,8 +1,8 @@
 """GPU benchmark: jax_sgrnn's op vs a plain hand-written ``lax.scan`` RNN vs PyTorch ``nn.RNN``
 (cuDNN), in one process on one GPU.
 
-Forward, and forward+backward (gradients for x, R, W, b and h0); tanh, with input weight, bias
-and initial state. Median of repeated runs after warm-up (``block_until_ready`` for JAX,
+Forward, forward+backward (gradients for x, R, W, b and h0) and jvp (a tangent for each of
+them; JAX contenders only); tanh, with input weight, bias and initial state. Median of repeated runs after warm-up (``block_until_ready`` for JAX,
 ``torch.cuda.synchronize`` for PyTorch). Two tables: float32 with TF32 off for all three
 (``jax_default_matmul_precision="highest"``, PyTorch's ``allow_tf32`` flags off), then TF32
 allowed. "op" is the op through its CUDA handler (where the package was built with it);
@@ -50,13 +50,17 @@ def plain_scan(x, R, W, b, h0, activation="tanh"):
 
 
 def jax_timers(rnn, args, c):
-    """(forward, forward+backward) callables that block until done, compiled now (under the
-    settings in force now, e.g. ``use_cuda_handler``)."""
+    """(forward, forward+backward, jvp) callables that block until done, compiled now (under
+    the settings in force now, e.g. ``use_cuda_handler``); the jvp perturbs every input."""
     fwd = jax.jit(lambda *a: rnn(*a, activation="tanh")).lower(*args).compile()
     grad = jax.jit(jax.grad(lambda *a: jnp.sum(rnn(*a, activation="tanh") * c),
                             argnums=(0, 1, 2, 3, 4))).lower(*args).compile()
+    tangents = tuple(0.5 * a for a in args)
+    jvp = jax.jit(lambda p, t: jax.jvp(lambda *a: rnn(*a, activation="tanh"), p, t)).lower(
+        args, tangents).compile()
     return (lambda: fwd(*args).block_until_ready(),
-            lambda: jax.block_until_ready(grad(*args)))
+            lambda: jax.block_until_ready(grad(*args)),
+            lambda: jax.block_until_ready(jvp(args, tangents)))
 
 
 def torch_timers(args, c):
@@ -84,7 +88,7 @@ def torch_timers(args, c):
         y.backward(ct)
         torch.cuda.synchronize()
 
-    return fwd, fwd_bwd
+    return fwd, fwd_bwd, None  # the jvp is timed for the JAX contenders only
 
 
 def set_tf32(allowed: bool) -> None:
@@ -113,12 +117,13 @@ def run_table(shapes, repeats: int, have_torch: bool, title: str) -> list[dict]:
             timers["decomp"] = jax_timers(jax_sgrnn.single_gate_rnn, args, c)
         if have_torch:
             timers["torch"] = torch_timers(args, c)
-        for i, name in enumerate(("fwd", "fwd+bwd")):
-            ms = {k: 1e3 * time_stats(v[i], repeats)["median"] for k, v in timers.items()}
+        for i, name in enumerate(("fwd", "fwd+bwd", "jvp")):
+            ms = {k: 1e3 * time_stats(v[i], repeats)["median"] for k, v in timers.items()
+                  if v[i]}
             row = dict(shape=[T, N, I, H], pass_=name, **{f"{k}_ms": v for k, v in ms.items()})
             rows.append(row)
             best = min(ms["plain"], ms.get("torch", float("inf")))
-            torch_ms = f"{ms['torch']:8.2f}" if have_torch else f"{'-':>8}"
+            torch_ms = f"{ms['torch']:8.2f}" if "torch" in ms else f"{'-':>8}"
             print(f"{spec:>18} {name:>8} {ms['op']:8.2f} {ms['decomp']:8.2f} {ms['plain']:8.2f} "
                   f"{torch_ms} {best / ms['op']:7.2f}x {ms['decomp'] / ms['plain']:11.2f}x",
                   flush=True)

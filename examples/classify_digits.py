@@ -67,7 +67,7 @@ def cross_entropy(model: DigitRNN, images: jax.Array, lengths: jax.Array,
 @nnx.jit
 def train_step(model: DigitRNN, optimizer: nnx.Optimizer, images: jax.Array,
                lengths: jax.Array, labels: jax.Array) -> jax.Array:
-    """One Adam step; the gradient flows through the op's custom VJP. Returns the loss."""
+    """One Adam step; the gradient is the op's gradient op. Returns the loss."""
     loss, grads = nnx.value_and_grad(cross_entropy)(model, images, lengths, labels)
     optimizer.update(model, grads)
     return loss

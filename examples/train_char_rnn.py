@@ -82,7 +82,7 @@ def cross_entropy(model: CharRNN, inputs: jax.Array, targets: jax.Array) -> jax.
 @nnx.jit
 def train_step(model: CharRNN, optimizer: nnx.Optimizer, inputs: jax.Array,
                targets: jax.Array) -> jax.Array:
-    """One Adam step; the gradient flows through the op's custom VJP. Returns the loss."""
+    """One Adam step; the gradient is the op's gradient op. Returns the loss."""
     loss, grads = nnx.value_and_grad(cross_entropy)(model, inputs, targets)
     optimizer.update(model, grads)
     return loss

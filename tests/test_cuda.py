@@ -148,6 +148,26 @@ def test_many_training_steps_in_one_jit(rng):
     assert_close(got, want, rtol=1e-4, atol=1e-5)  # 50 steps of float32 rounding apart
 
 
+@requires_gpu
+@pytest.mark.parametrize("act,rev,bi", _grid_flags()[::2])
+@pytest.mark.parametrize("lengths", [False, True], ids=["full", "lengths"])
+def test_jvp_through_the_handler(rng, act, rev, bi, lengths):
+    """Forward mode: the tangent is one more call of the forward kernel (activation none, a
+    mask holding act'(z)), every input perturbed, y and z tangents, float32."""
+    inputs = make_inputs(rng, 7, 5, 6, 40, bidirectional=bi, mask="float", dtype=jnp.float32)
+    flags = dict(activation=act, reverse=rev, bidirectional=bi, training=True,
+                 seq_lengths=jnp.asarray([7, 0, 3, 1, 6]) if lengths else None)
+    primals = {n: inputs[n] for n in ("source", "recurrent_weight", "input_weight", "bias",
+                                      "init_state")}
+    tangents = {n: random_array(rng, a.shape, a.dtype) for n, a in primals.items()}
+
+    def jvp(fn):
+        return jax.jit(lambda p, t: jax.jvp(lambda p: fn(**{**inputs, **p}, **flags), (p,),
+                                            (t,)))(primals, tangents)
+
+    assert_close(jvp(op), jvp(ref), err_msg=str(flags))
+
+
 # ---------------------------------------------------------------- lowering (CUDA build only)
 
 @requires_cuda_build
@@ -176,6 +196,10 @@ def test_lowering_for_cuda_emits_the_custom_calls_that_pay(rng, N, H, fwd_call, 
     if fwd_call:  # the projection is XLA's, so the custom call takes no input weight
         call = re.search(r"jax_sgrnn_cuda_forward.*", both).group(0)
         assert "has_input_weight = false" in call and "has_bias = false" in call
+    tangent = lowered_text(lambda x, R: jax.jvp(lambda R: loss(x, R), (R,), (R,)),
+                           inputs["source"], inputs["recurrent_weight"], platform="cuda")
+    assert tangent.count("@jax_sgrnn_cuda_forward") == (2 if fwd_call else 0)
+    assert ("stablehlo.while" in tangent) != fwd_call
 
 
 @requires_cuda_build

@@ -241,15 +241,6 @@ def test_process_still_works_after_errors():
                                np.asarray(jax_sgrnn.reference(**inputs)), rtol=1e-10)
 
 
-def test_forward_mode_autodiff_is_a_clear_error():
-    """The op has a custom VJP only (as MPSGraph has only a reverse-mode gradient op):
-    jax.jvp raises a TypeError rather than crashing or returning wrong tangents."""
-    inputs = _base()
-    f = lambda x: op(x, inputs["recurrent_weight"], inputs["input_weight"])
-    with pytest.raises(TypeError):
-        jax.jvp(f, (inputs["source"],), (jnp.ones_like(inputs["source"]),))
-
-
 # ----------------------------------------------------- None for a required argument
 
 

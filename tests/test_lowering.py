@@ -83,6 +83,24 @@ def test_hlo_forward_and_grad_use_custom_calls(native_backend, rng, bi):
 
 
 @requires_native
+@pytest.mark.parametrize("bi", [False, True], ids=["uni", "bi"])
+def test_hlo_of_jvp_is_two_forward_calls(native_backend, rng, bi):
+    """jax.jvp runs the training forward and the tangent's forward (activation none) as custom
+    calls: no gradient op, no scan."""
+    inputs = make_inputs(rng, LOOP_T, 3, 3, 5, bidirectional=bi, mask="float")
+    flags = dict(activation="tanh", bidirectional=bi)
+    primals = diff_inputs(inputs)
+    text = lowered_text(lambda p, t: jax.jvp(lambda p: op(**{**inputs, **p}, **flags), (p,),
+                                             (t,)), primals, primals)
+    calls = custom_calls(text, NATIVE["forward"])
+    assert len(calls) == 2, text
+    assert sum("training = true" in c for c in calls) == 1, calls
+    assert sum("activation = 0 : i32" in c for c in calls) == 1, calls
+    assert not custom_calls(text, NATIVE["gradients"])
+    assert "stablehlo.while" not in text
+
+
+@requires_native
 def test_hlo_gradients_op_uses_custom_call(native_backend, rng):
     inputs = make_inputs(rng, 4, 3, 3, 5)
     _, z = ref(**inputs, training=True)

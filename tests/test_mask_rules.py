@@ -79,15 +79,7 @@ def test_half_inputs_with_a_float32_mask_follow_the_one_rule(rng, dtype, mask_va
 def test_the_mask_reaches_the_primitive_in_the_compute_dtype(rng):
     inputs = make_inputs(rng, dtype=jnp.bfloat16, mask="float")
     inputs["mask"] = inputs["mask"].astype(jnp.float32)
-    def equations(jaxpr):  # every equation, those inside custom_vjp's sub-jaxprs included
-        for eqn in jaxpr.eqns:
-            yield eqn
-            for param in eqn.params.values():
-                inner = getattr(param, "jaxpr", param)
-                if hasattr(inner, "eqns"):
-                    yield from equations(inner)
-
     jaxpr = jax.make_jaxpr(lambda i: op(**i))(inputs).jaxpr
-    (eqn,) = [e for e in equations(jaxpr) if e.primitive.name == "sgrnn_forward"]
+    (eqn,) = [e for e in jaxpr.eqns if e.primitive.name == "sgrnn_forward"]
     assert eqn.invars[0].aval.dtype == jnp.bfloat16
     assert eqn.invars[-1].aval.dtype == jnp.float32
