@@ -91,12 +91,12 @@ def tangent(*operands, config: OpConfig, tangents: tuple[str, ...]) -> list:
     x, R, z = cast(x), cast(R), cast(z)
     W, h0, mask = cast(inputs.get("input_weight")), inputs.get("init_state"), inputs.get("mask")
     lengths = inputs.get("seq_lengths")
-    T, N, _ = x.shape
-    D, H = desc.directions, R.shape[-1]
+    T, D, H = x.shape[0], desc.directions, R.shape[-1]
     valid = None if lengths is None else valid_steps(lengths, T)
 
-    # dx' in source time: the tangent of the projected source.
-    u = jnp.zeros((T, N, D * H), cdt)
+    # dx' in source time: the tangent of the projected source. New arrays are made from z's
+    # slices (zeros_like, ones_like), so that under explicit sharding they share its batch split.
+    u = jnp.zeros_like(z)
     if "source" in t:
         u = u + (t["source"] if W is None else _matmul_t(t["source"], W))
     if "input_weight" in t:
@@ -104,8 +104,8 @@ def tangent(*operands, config: OpConfig, tangents: tuple[str, ...]) -> list:
     if "bias" in t:
         u = u + t["bias"][None, None]
 
-    h0 = jnp.zeros((N, D * H), cdt) if h0 is None else cast(h0)
-    masks = [None] * D if mask is None else _halves(jnp.broadcast_to(mask, (T, N, D * H)), D)
+    h0 = jnp.zeros_like(z[0]) if h0 is None else cast(h0)
+    masks = [None] * D if mask is None else _halves(jnp.broadcast_to(mask, z.shape), D)
     dR = None if "recurrent_weight" not in t else t["recurrent_weight"].reshape(D, H, H)
     us, scaled_masks = [], []
     for d, (u_d, z_d, h0_d, m_d) in enumerate(zip(_halves(u, D), _halves(z, D),
@@ -117,7 +117,7 @@ def tangent(*operands, config: OpConfig, tangents: tuple[str, ...]) -> list:
             u_d = u_d + (flip_rows(q, lengths) if read_reversed else q)
         us.append(u_d)
         if desc.activation != Activation.NONE:
-            s_prev = jnp.concatenate([jnp.ones((1, N, H), cdt),
+            s_prev = jnp.concatenate([jnp.ones_like(z_d[:1]),
                                       activate_grad(desc.activation, z_d[:-1])])
             m_d = s_prev if m_d is None else s_prev * m_d
         scaled_masks.append(m_d)

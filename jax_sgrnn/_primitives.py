@@ -135,13 +135,14 @@ def forward_reference(x, R, *rest, config: OpConfig, unroll: int = 1) -> list:
     return list(out) if config.descriptor.training else [out]
 
 
-def _fold(a, bdim: Optional[int], size: int, axis: int, full: int):
-    """Folds the mapped axis of ``a`` into its axis ``axis`` (mapped-major), broadcasting an
-    unmapped operand, and a size-1 (broadcast) ``axis``, to ``full`` first."""
+def _fold(a, bdim: Optional[int], size: int, axis: int, full: int, mapped_major: bool):
+    """Folds the mapped axis of ``a`` into its axis ``axis``, as the major or the minor part of
+    the merged axis, broadcasting an unmapped operand, and a size-1 (broadcast) ``axis``, to
+    ``full`` first."""
     a = (jnp.broadcast_to(a[None], (size, *a.shape)) if bdim is None
          else jnp.moveaxis(a, bdim, 0))
     a = jnp.broadcast_to(a, (size, *a.shape[1:axis + 1], full, *a.shape[axis + 2:]))
-    a = jnp.moveaxis(a, 0, axis)
+    a = jnp.moveaxis(a, 0, axis if mapped_major else axis + 1)
     return a.reshape(*a.shape[:axis], size * full, *a.shape[axis + 2:])
 
 
@@ -162,16 +163,23 @@ def _batch_rule(primitive: Primitive, decomposition, gradients: bool):
             return out, [0] * len(out)
         axis = 0 if gradients else OPERANDS["source"].batch_axis  # the results' folded axis
         x, xd = args[0], dims[0]
-        full = x.shape[axis + (xd is not None and xd <= axis)]  # x's unmapped size at `axis`
+        x_axis = axis + (xd is not None and xd <= axis)
+        full = x.shape[x_axis]  # x's unmapped size at `axis`
+        # The mapped axis is the major part of the merged one (each problem's rows contiguous,
+        # and where the mapped axis is split across devices, so is the merged one), except
+        # where explicit sharding splits x's own axis: a merged axis keeps a split only on its
+        # major part.
+        mapped_major = spec_of(jax.typeof(x))[x_axis] is None
         folded = []
         for o, a, d in zip(operands, args, dims):
             at = 0 if gradients else o.batch_axis
             if o.grouped and not (o.kind == "mask" and d is None and a.shape[at] == 1):
-                a = _fold(a, d, size, at, full)
+                a = _fold(a, d, size, at, full, mapped_major)
             folded.append(a)
         out = primitive.bind(*folded, config=config)
-        return ([o.reshape(*o.shape[:axis], size, full, *o.shape[axis + 1:]) for o in out],
-                [axis] * len(out))
+        split = (size, full) if mapped_major else (full, size)
+        return ([o.reshape(*o.shape[:axis], *split, *o.shape[axis + 1:]) for o in out],
+                [axis if mapped_major else axis + 1] * len(out))
     return rule
 
 
