@@ -31,18 +31,14 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from ._primitives import (OpConfig, eager_impl, forward_p, forward_reference, gradients_p,
                           gradients_reference)
 from ._spec import INPUTS, OPERANDS, Activation, compute_dtype
-from .reference import (activate_grad, direction_layout, flip_rows, recurrent_inputs,
-                        reference, valid_steps)
-
-_HIGHEST = lax.Precision.HIGHEST
-
+from .reference import (activate_grad, direction_layout, flip_rows, matmul_t,
+                        recurrent_inputs, reference, valid_steps)
 
 def bind_gradients(config: OpConfig, x, R, dy, z, *optionals) -> list:
     """The gradient primitive for one problem (a group axis of size 1 added to the operands
@@ -98,9 +94,9 @@ def tangent(*operands, config: OpConfig, tangents: tuple[str, ...]) -> list:
     # slices (zeros_like, ones_like), so that under explicit sharding they share its batch split.
     u = jnp.zeros_like(z)
     if "source" in t:
-        u = u + (t["source"] if W is None else _matmul_t(t["source"], W))
+        u = u + (t["source"] if W is None else matmul_t(t["source"], W))
     if "input_weight" in t:
-        u = u + _matmul_t(x, t["input_weight"])
+        u = u + matmul_t(x, t["input_weight"])
     if "bias" in t:
         u = u + t["bias"][None, None]
 
@@ -113,7 +109,7 @@ def tangent(*operands, config: OpConfig, tangents: tuple[str, ...]) -> list:
         read_reversed, store_flipped = direction_layout(desc, d)
         z_d = flip_rows(z_d, lengths) if store_flipped else z_d  # processing order
         if dR is not None:  # (h[k-1] m[k]) dR^T, read by step k at source time t(k)
-            q = _matmul_t(recurrent_inputs(desc.activation, z_d, h0_d, m_d, valid), dR[d])
+            q = matmul_t(recurrent_inputs(desc.activation, z_d, h0_d, m_d, valid), dR[d])
             u_d = u_d + (flip_rows(q, lengths) if read_reversed else q)
         us.append(u_d)
         if desc.activation != Activation.NONE:
@@ -131,10 +127,6 @@ def tangent(*operands, config: OpConfig, tangents: tuple[str, ...]) -> list:
                         config=linear)[0]
     dy = activate_grad(desc.activation, z) * dz  # dz is zero at padded steps, as y is
     return [dy.astype(dtype), dz.astype(dtype)] if desc.training else [dy.astype(dtype)]
-
-
-def _matmul_t(a, w):
-    return jnp.einsum("...j,hj->...h", a, w, precision=_HIGHEST)
 
 
 def _tangent_transpose(cotangents, *operands, config: OpConfig, tangents: tuple[str, ...]):

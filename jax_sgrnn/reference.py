@@ -109,7 +109,7 @@ def flip_rows(a, seq_lengths):
     return jnp.take_along_axis(a, index[..., None], axis=0)
 
 
-def _matmul_t(a, w):
+def matmul_t(a, w):
     """a @ w^T over the last axis of a, at full precision."""
     return jnp.einsum("...j,hj->...h", a, w, precision=_HIGHEST)
 
@@ -205,7 +205,7 @@ def scan_forward(source, recurrent_weight, input_weight, bias, init_state, mask,
     valid = None if lengths is None else valid_steps(lengths, dims.T)
     x, h0, m = without_padding(lengths, dims.T, *_steps_unsharded(cast(source)), h0,
                                *_steps_unsharded(m))
-    xp = x if input_weight is None else _matmul_t(x, cast(input_weight))
+    xp = x if input_weight is None else matmul_t(x, cast(input_weight))
     if bias is not None:
         xp = xp + cast(bias)[None, None]  # same rank: works under jax_numpy_rank_promotion=raise
 
@@ -217,7 +217,7 @@ def scan_forward(source, recurrent_weight, input_weight, bias, init_state, mask,
         read_reversed, store_flipped = direction_layout(desc, d)
 
         def step(h, inputs, R_d=R[d]):
-            z_k = inputs["x"] + _matmul_t(h if m is None else h * inputs["m"], R_d)
+            z_k = inputs["x"] + matmul_t(h if m is None else h * inputs["m"], R_d)
             h_k = activate(desc.activation, z_k)
             out_k = z_k if desc.training else h_k
             if valid is not None:  # a finished row keeps its state and gives zeros
