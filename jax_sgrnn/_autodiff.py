@@ -32,6 +32,7 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.extend.core import Primitive
+from jax.scipy.linalg import block_diag
 from jax.interpreters import ad, batching, mlir
 
 from ._primitives import (OpConfig, eager_impl, forward_p, forward_reference, gradients_p,
@@ -90,41 +91,49 @@ def tangent(*operands, config: OpConfig, tangents: tuple[str, ...]) -> list:
     T, D, H = x.shape[0], desc.directions, R.shape[-1]
     valid = None if lengths is None else valid_steps(lengths, T)
 
-    # dx' in source time: the tangent of the projected source. New arrays are made from z's
-    # slices (zeros_like, ones_like), so that under explicit sharding they share its batch split.
-    u = jnp.zeros_like(z)
-    if "source" in t:
-        u = u + (t["source"] if W is None else matmul_t(t["source"], W))
+    # The tangent of the projected source, u, is one product [dx | x | h m] [W | dW | dR]^T
+    # (the parts whose tangent is given), which the forward call computes as its own input
+    # projection with its BLAS, plus db as its bias. New arrays are made from z's slices
+    # (zeros_like, ones_like): under explicit sharding they share its batch split.
+    parts = []  # (source part [T, N, *], its weight [D*H, *])
+    if "source" in t and W is not None:
+        parts.append((t["source"], W))
     if "input_weight" in t:
-        u = u + matmul_t(x, t["input_weight"])
-    if "bias" in t:
-        u = u + t["bias"][None, None]
+        parts.append((x, t["input_weight"]))
 
     h0 = jnp.zeros_like(z[0]) if h0 is None else cast(h0)
     masks = [None] * D if mask is None else _halves(jnp.broadcast_to(mask, z.shape), D)
-    dR = None if "recurrent_weight" not in t else t["recurrent_weight"].reshape(D, H, H)
-    us, scaled_masks = [], []
-    for d, (u_d, z_d, h0_d, m_d) in enumerate(zip(_halves(u, D), _halves(z, D),
-                                                  _halves(h0, D), masks)):
+    hm_parts, scaled_masks = [], []
+    for d, (z_d, h0_d, m_d) in enumerate(zip(_halves(z, D), _halves(h0, D), masks)):
         read_reversed, store_flipped = direction_layout(desc, d)
         z_d = flip_rows(z_d, lengths) if store_flipped else z_d  # processing order
-        if dR is not None:  # (h[k-1] m[k]) dR^T, read by step k at source time t(k)
-            q = matmul_t(recurrent_inputs(desc.activation, z_d, h0_d, m_d, valid), dR[d])
-            u_d = u_d + (flip_rows(q, lengths) if read_reversed else q)
-        us.append(u_d)
+        if "recurrent_weight" in t:  # h[k-1] m[k], read by step k at source time t(k)
+            hm = recurrent_inputs(desc.activation, z_d, h0_d, m_d, valid)
+            hm_parts.append(flip_rows(hm, lengths) if read_reversed else hm)
         if desc.activation != Activation.NONE:
             s_prev = jnp.concatenate([jnp.ones_like(z_d[:1]),
                                       activate_grad(desc.activation, z_d[:-1])])
             m_d = s_prev if m_d is None else s_prev * m_d
         scaled_masks.append(m_d)
 
+    if hm_parts:  # dR as one [D*H, D*H] weight: block diagonal over the directions
+        dR = t["recurrent_weight"].reshape(D, H, H)
+        parts.append((jnp.concatenate(hm_parts, axis=-1),
+                      block_diag(*dR)))
+    if "source" in t and W is None:  # dx enters unprojected: XLA sums the parts
+        source, weight = t["source"] + sum(matmul_t(s, w) for s, w in parts), None
+    elif parts:
+        source = jnp.concatenate([s for s, _ in parts], axis=-1)
+        weight = jnp.concatenate([w for _, w in parts], axis=-1)
+    else:
+        source, weight = jnp.zeros_like(z), None
     scaled_mask = None if scaled_masks[0] is None else jnp.concatenate(scaled_masks, axis=-1)
-    dh0 = t.get("init_state")
-    linear = OpConfig.of(desc.replace(activation=Activation.NONE, training=False),
-                         config.backends, init_state=dh0, mask=scaled_mask, seq_lengths=lengths)
-    dz = forward_p.bind(jnp.concatenate(us, axis=-1), R,
-                        *(a for a in (dh0, scaled_mask, lengths) if a is not None),
-                        config=linear)[0]
+    linear = dict(input_weight=weight, bias=t.get("bias"), init_state=t.get("init_state"),
+                  mask=scaled_mask, seq_lengths=lengths)
+    linear_config = OpConfig.of(desc.replace(activation=Activation.NONE, training=False),
+                                config.backends, **linear)
+    dz = forward_p.bind(source, R, *(a for a in linear.values() if a is not None),
+                        config=linear_config)[0]
     dy = activate_grad(desc.activation, z) * dz  # dz is zero at padded steps, as y is
     return [dy.astype(dtype), dz.astype(dtype)] if desc.training else [dy.astype(dtype)]
 
