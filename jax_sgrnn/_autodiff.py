@@ -16,8 +16,9 @@ where ``u[k] = dx'[t(k)] + (h[k-1] * m[k]) dR^T`` and ``dx'`` is the projected s
     dz[k] = u[k] + (dz[k-1] * m'[k]) R^T,   m'[k] = s[k-1] * m[k],   m'[0] = m[0]
 
 which is the forward op with activation ``none``, source ``u``, mask ``m'`` and initial state
-``d h0``. So every backend that runs the forward runs the tangent natively (one call of its
-forward handler; XLA computes ``u`` and ``m'`` with a few products and elementwise passes), and
+``d h0``. So every backend that runs the forward runs the tangent natively: one call of its
+forward handler, whose input projection computes ``u`` (``[dx | x | h m] [W | dW | dR]^T`` and
+``db`` as the bias), with XLA's elementwise passes for ``h m`` and ``m'`` around it; then
 ``dy = s * dz``.
 
 Derivatives of the gradient op (forward over reverse), and of the tangent itself (reverse over
@@ -103,16 +104,18 @@ def tangent(*operands, config: OpConfig, tangents: tuple[str, ...]) -> list:
 
     h0 = jnp.zeros_like(z[0]) if h0 is None else cast(h0)
     masks = [None] * D if mask is None else _halves(jnp.broadcast_to(mask, z.shape), D)
+    scale = activate_grad(desc.activation, z)  # s = act'(z), laid out as z
     hm_parts, scaled_masks = [], []
-    for d, (z_d, h0_d, m_d) in enumerate(zip(_halves(z, D), _halves(h0, D), masks)):
+    for d, (z_d, s_d, h0_d, m_d) in enumerate(zip(_halves(z, D), _halves(scale, D),
+                                                  _halves(h0, D), masks)):
         read_reversed, store_flipped = direction_layout(desc, d)
-        z_d = flip_rows(z_d, lengths) if store_flipped else z_d  # processing order
+        if store_flipped:  # to processing order
+            z_d, s_d = flip_rows(z_d, lengths), flip_rows(s_d, lengths)
         if "recurrent_weight" in t:  # h[k-1] m[k], read by step k at source time t(k)
             hm = recurrent_inputs(desc.activation, z_d, h0_d, m_d, valid)
             hm_parts.append(flip_rows(hm, lengths) if read_reversed else hm)
         if desc.activation != Activation.NONE:
-            s_prev = jnp.concatenate([jnp.ones_like(z_d[:1]),
-                                      activate_grad(desc.activation, z_d[:-1])])
+            s_prev = jnp.concatenate([jnp.ones_like(s_d[:1]), s_d[:-1]])
             m_d = s_prev if m_d is None else s_prev * m_d
         scaled_masks.append(m_d)
 
@@ -134,7 +137,7 @@ def tangent(*operands, config: OpConfig, tangents: tuple[str, ...]) -> list:
                                 config.backends, **linear)
     dz = forward_p.bind(source, R, *(a for a in linear.values() if a is not None),
                         config=linear_config)[0]
-    dy = activate_grad(desc.activation, z) * dz  # dz is zero at padded steps, as y is
+    dy = scale * dz  # dz is zero at padded steps, as y is
     return [dy.astype(dtype), dz.astype(dtype)] if desc.training else [dy.astype(dtype)]
 
 
