@@ -38,7 +38,7 @@ from jax.interpreters import ad, batching, mlir
 
 from ._primitives import (OpConfig, eager_impl, forward_p, forward_reference, gradients_p,
                           gradients_reference)
-from ._spec import INPUTS, OPERANDS, Activation, compute_dtype
+from ._spec import INPUTS, OPERANDS, OPTIONAL_NAMES, Activation, compute_dtype
 from .reference import (activate_grad, direction_layout, flip_rows, matmul_t,
                         recurrent_inputs, reference, valid_steps)
 
@@ -121,8 +121,7 @@ def tangent(*operands, config: OpConfig, tangents: tuple[str, ...]) -> list:
 
     if hm_parts:  # dR as one [D*H, D*H] weight: block diagonal over the directions
         dR = t["recurrent_weight"].reshape(D, H, H)
-        parts.append((jnp.concatenate(hm_parts, axis=-1),
-                      block_diag(*dR)))
+        parts.append((jnp.concatenate(hm_parts, axis=-1), block_diag(*dR)))
     if "source" in t and W is None:  # dx enters unprojected: XLA sums the parts
         source, weight = t["source"] + sum(matmul_t(s, w) for s, w in parts), None
     elif parts:
@@ -149,11 +148,10 @@ def _tangent_transpose(cotangents, *operands, config: OpConfig, tangents: tuple[
     if any(ad.is_undefined_primal(a) for a in operands[n:]):
         raise NotImplementedError("sgrnn_tangent is linear only in its tangent operands")
     _, inputs, z = _split(operands, config, tangents)
-    dy, *dz = cotangents
-    dz = dz[0] if dz else ad.Zero(None)
-    opt = config.optionals(list(inputs.values())[2:])
+    dy, dz = cotangents if len(cotangents) == 2 else (cotangents[0], None)
+    opt = {name: inputs.get(name) for name in OPTIONAL_NAMES}
     x, R = inputs["source"], inputs["recurrent_weight"]
-    if type(dz) is ad.Zero:
+    if dz is None or type(dz) is ad.Zero:
         if type(dy) is ad.Zero:
             return [None] * len(operands)
         grads = bind_gradients(config.with_training(False), x, R, dy, z, *opt.values())
