@@ -22,6 +22,7 @@ import ctypes
 import dataclasses
 import functools
 import importlib
+import importlib.util
 import os
 import sys
 import threading
@@ -44,7 +45,8 @@ class Backend:
     Attributes:
       name: ``"native"``, ``"mps"`` or ``"cuda"``.
       platform: the XLA platform its FFI targets are registered for.
-      module: its extension module inside ``jax_sgrnn``.
+      module: its extension module inside ``jax_sgrnn`` (for ``cuda``, else inside the plugin
+        package ``jax_sgrnn_cuda13``).
       native_dtypes: dtypes it computes in as they are.
       widened_dtypes: dtypes computed in float32 around the custom call (stored back).
       handoff: dtype -> the backend that runs calls of that dtype instead.
@@ -147,6 +149,11 @@ def _preload_openblas() -> None:
                              scipy_openblas32.get_library(True)), mode=ctypes.RTLD_GLOBAL)
 
 
+# The wheel that carries the CUDA handler when this package's own build has none
+# (plugins/cuda13, the jax-sgrnn[cuda13] extra).
+_CUDA_PLUGIN = "jax_sgrnn_cuda13"
+
+
 def _import(module: str):
     """The extension module, or the reason it cannot be imported."""
     if module == "_sgrnn_mps" and sys.platform != "darwin":
@@ -156,7 +163,26 @@ def _import(module: str):
     try:
         return importlib.import_module(f"{__package__}.{module}"), None
     except ImportError as err:  # e.g. a source tree that was never built
-        return None, f"its extension module did not import ({err})"
+        reason = f"its extension module did not import ({err})"
+    if module == "_sgrnn_cuda" and importlib.util.find_spec(_CUDA_PLUGIN) is not None:
+        return _import_cuda_plugin()
+    return None, reason
+
+
+def _import_cuda_plugin():
+    """The CUDA handler from the plugin wheel, if it is of this release (its attributes and
+    targets must match this package's lowering)."""
+    from importlib.metadata import version
+
+    plugin = importlib.import_module(_CUDA_PLUGIN)
+    ours = version("jax-sgrnn")
+    if plugin.__version__ != ours:
+        return None, (f"{_CUDA_PLUGIN} {plugin.__version__} does not match jax-sgrnn {ours}; "
+                      f'install the matching one: pip install "jax-sgrnn[cuda13]=={ours}"')
+    try:
+        return importlib.import_module(f"{_CUDA_PLUGIN}._sgrnn_cuda"), None
+    except ImportError as err:
+        return None, f"the extension module of {_CUDA_PLUGIN} did not import ({err})"
 
 
 def _runs_on_these_gpus(runs_on_chip: Callable[..., bool], steps: int, hidden: int,

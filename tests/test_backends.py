@@ -393,3 +393,27 @@ def test_running_an_unavailable_backend_fails_naming_it(rng):
         with pytest.raises(Exception, match=r"lowered for the 'mps' backend, whose handler is "
                                             r"not available in this process"):
             jax.block_until_ready(jax.jit(lambda i: jax_sgrnn.single_gate_rnn(**i))(inputs))
+
+
+def _fake_cuda_plugin(tmp_path, monkeypatch, version: str):
+    """A jax_sgrnn_cuda13 package of ``version`` without its extension module, importable."""
+    package = tmp_path / "jax_sgrnn_cuda13"
+    package.mkdir()
+    (package / "__init__.py").write_text(f"__version__ = {version!r}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [m for m in sys.modules if m.startswith("jax_sgrnn_cuda13")]:
+        monkeypatch.delitem(sys.modules, name)
+
+
+def test_a_cuda_plugin_of_another_release_is_refused(tmp_path, monkeypatch):
+    _fake_cuda_plugin(tmp_path, monkeypatch, "0.0.1")
+    module, reason = _backends._import_cuda_plugin()
+    assert module is None
+    assert f"0.0.1 does not match jax-sgrnn {jax_sgrnn.__version__}" in reason
+    assert f'"jax-sgrnn[cuda13]=={jax_sgrnn.__version__}"' in reason
+
+
+def test_a_cuda_plugin_without_its_module_says_so(tmp_path, monkeypatch):
+    _fake_cuda_plugin(tmp_path, monkeypatch, jax_sgrnn.__version__)
+    module, reason = _backends._import_cuda_plugin()
+    assert module is None and "the extension module of jax_sgrnn_cuda13 did not import" in reason

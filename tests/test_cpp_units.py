@@ -1,9 +1,11 @@
 """The C++ unit tests of the handlers' plain-C++ decisions, built with the system compiler and
 run on any machine: the MPSGraph handler's plan (csrc/metal/mps_plan.cc: overloads, graph keys,
-placeholder shapes, mask expansion, buffer wrapping, result mapping) and the CUDA handler's
+placeholder shapes, mask expansion, buffer wrapping, result mapping), the CUDA handler's
 split of a problem over the GPU (csrc/cuda/recurrence_plan.h: every unit and row covered, the
-on-chip limits, the lowering's choice between the kernel and the decomposition). The
-MPSGraph self-check's unit test is in test_mps_self_check.py."""
+on-chip limits, the lowering's choice between the kernel and the decomposition) and the CPU
+handler's x86-64 level from CPUID and XCR0 values (csrc/cpu/isa_detect.h: real CPUs, the state
+the OS saves, unsupported leaves, every bit of the psABI's list). The MPSGraph self-check's unit
+test is in test_mps_self_check.py."""
 
 import pytest
 
@@ -12,6 +14,7 @@ from conftest import run_cpp_unit_test
 UNITS = {
     "mps_plan": ("tests/cpp/test_mps_plan.cc", "csrc/metal/mps_plan.cc"),
     "cuda_plan": ("tests/cpp/test_cuda_plan.cc",),
+    "isa_detect": ("tests/cpp/test_isa_detect.cc",),
 }
 
 

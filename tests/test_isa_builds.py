@@ -1,10 +1,12 @@
-"""Every instruction-set build of the CPU kernels against the reference.
+"""Every instruction-set build of the CPU kernels against the reference, and the build picked
+at load time against the CPU's level.
 
 The process picks one build at load time (the best the CPU runs); SGRNN_CPU_ISA selects
 another, so each build is checked in a subprocess of its own.
 """
 
 import os
+import platform
 import subprocess
 import sys
 import textwrap
@@ -89,3 +91,32 @@ def test_instruction_set_build_matches_reference(isa):
                             text=True, cwd=here)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().endswith("ok")
+
+
+# The psABI's levels by the Linux kernel's names for the CPUID flags (pni: SSE3, abm: LZCNT,
+# xsave: the OS uses XSAVE). The kernel lists the AVX flags only where it saves their registers.
+X86_64_V2_FLAGS = {"pni", "ssse3", "sse4_1", "sse4_2", "popcnt", "cx16", "lahf_lm"}
+X86_64_V3_FLAGS = {"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave"}
+X86_64_V4_FLAGS = {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}
+
+
+def test_load_time_choice_matches_cpuinfo():
+    """The build picked with SGRNN_CPU_ISA unset is the best this CPU runs, by /proc/cpuinfo: a
+    build whose CPU detection answers "baseline" everywhere (as __builtin_cpu_supports does
+    under zig's clang) fails here."""
+    if sys.platform != "linux" or platform.machine() != "x86_64":
+        pytest.skip("the level is read from /proc/cpuinfo on Linux x86-64 only")
+    if "cpu" not in jax_sgrnn.NATIVE_PLATFORMS:
+        pytest.fail("the CPU handler did not load")
+    with open("/proc/cpuinfo") as cpuinfo:
+        flags = next(set(line.split(":", 1)[1].split()) for line in cpuinfo
+                     if line.startswith("flags"))
+    want = "baseline"
+    if (X86_64_V2_FLAGS | X86_64_V3_FLAGS) <= flags:
+        want = "x86-64-v4" if X86_64_V4_FLAGS <= flags else "x86-64-v3"
+    env = {k: v for k, v in os.environ.items() if k != "SGRNN_CPU_ISA"}
+    env["JAX_PLATFORMS"] = "cpu"
+    probe = subprocess.run(  # cwd: as in the test above
+        [sys.executable, "-c", "from jax_sgrnn import _sgrnn_cpu as m; print(m.selected_isa())"],
+        env=env, capture_output=True, text=True, check=True, cwd=os.path.dirname(__file__))
+    assert probe.stdout.strip() == want, f"/proc/cpuinfo shows {want}"

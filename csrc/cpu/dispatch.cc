@@ -3,12 +3,11 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "cpu/isa_detect.h"
 #include "cpu/kernels.h"
 
 namespace sgrnn::cpu {
 namespace {
-
-enum class Isa { kBaseline, kX86_64_V3, kX86_64_V4 };
 
 const char* IsaName(Isa isa) {
   switch (isa) {
@@ -23,12 +22,7 @@ const char* IsaName(Isa isa) {
 Isa ChooseIsa() {
   Isa best = Isa::kBaseline;
 #if defined(SGRNN_X86_ISAS)
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("x86-64-v4")) {
-    best = Isa::kX86_64_V4;
-  } else if (__builtin_cpu_supports("x86-64-v3")) {
-    best = Isa::kX86_64_V3;
-  }
+  best = BestIsaFor(ReadCpuidRegisters());
 #endif
   if (const char* wanted = std::getenv("SGRNN_CPU_ISA")) {
     for (Isa isa : {Isa::kBaseline, Isa::kX86_64_V3, Isa::kX86_64_V4}) {

@@ -122,13 +122,19 @@ void Forward(const Executor& ex, const Config& c, const Dims& d, const ForwardOp
           MaskRows(a.mask, k, col, band.n0, band.n1, H, h_prev, ld, mask_block, masked);
           h_prev = masked, ld = H;
         }
-        // z[k] = x'[k] + h[k-1] R^T, then y[k] = act(z[k]), a tile at a time.
+        // z[k] = x'[k] + h[k-1] R^T, then y[k] = act(z[k]), a tile at a time. In place when
+        // z is y: a compiler that cannot prove z and y apart guards the two-array loop with an
+        // overlap check, which z == y fails, and runs it scalar (clang does).
         products[band.dir](n_rows, h_prev, ld, product, [&](int64_t n, const T* v) {
           T* z = z_k + n * DH;
           T* y = y_k + n * DH;
-          for (int64_t j = 0; j < H; ++j) {
-            z[j] += v[j];
-            y[j] = Activate<A>(z[j]);
+          if (z == y) {
+            for (int64_t j = 0; j < H; ++j) y[j] = Activate<A>(y[j] + v[j]);
+          } else {
+            for (int64_t j = 0; j < H; ++j) {
+              z[j] += v[j];
+              y[j] = Activate<A>(z[j]);
+            }
           }
         });
       }

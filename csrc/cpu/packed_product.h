@@ -60,7 +60,7 @@ constexpr int kPanel = 2 * kLanes;
 typedef float Lanes __attribute__((vector_size(kLanes * sizeof(float))));
 // One vector of packed panel data, as a type of this build's own namespace: the std::vector
 // code for a plain vector type would be a weak symbol outside it, which the linker may share
-// between the builds (cmake/check_isa_symbols.cmake rejects it).
+// between the builds (cmake/check_isa_symbols.py rejects it).
 struct PanelVector {
   Lanes lanes;
 };
