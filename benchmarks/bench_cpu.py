@@ -53,7 +53,7 @@ ROUNDS = 5
 
 
 def interleaved_stats(fns: dict, repeats: int, rounds: int = ROUNDS, warmup: int = 3,
-                      min_total: float = 0.5) -> dict:
+                      min_total: float = 0.5, pause: float = 0.2) -> dict:
     """min / median / max seconds of each callable, timed in `rounds` rounds after `warmup`
     untimed calls each: in each round every callable runs a block of at least
     repeats/rounds calls (and min_total/rounds seconds), in an order that rotates from round
@@ -62,7 +62,8 @@ def interleaved_stats(fns: dict, repeats: int, rounds: int = ROUNDS, warmup: int
     spread over rounds it falls on all alike.
     Blocks, not single calls in turn, each after a pause and one untimed call: each
     runtime's thread pool spins for a while after its calls, and a contender timed right
-    after another shares the cores with those threads and starts with cold caches."""
+    after another shares the cores with those threads and starts with cold caches (`pause`
+    seconds before each block; a GPU's contenders need none)."""
     names = list(fns)
     for fn in fns.values():
         for _ in range(warmup):
@@ -70,7 +71,7 @@ def interleaved_stats(fns: dict, repeats: int, rounds: int = ROUNDS, warmup: int
     times = {k: [] for k in names}
     for r in range(rounds):
         for k in names[r % len(names):] + names[:r % len(names)]:
-            time.sleep(0.2)  # let the last contender's pool threads go idle
+            time.sleep(pause)  # let the last contender's pool threads go idle
             fns[k]()
             block = []
             while len(block) < -(-repeats // rounds) or sum(block) < min_total / rounds:

@@ -1,0 +1,77 @@
+"""benchmarks/bench_gpu.py's own logic, checked on any machine: its hand-written peer computes
+the op's function in every sweep configuration (so a ratio compares like with like), and its
+census of an optimised program counts what the program launches."""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import requires_native
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
+import bench_gpu  # noqa: E402
+
+import jax_sgrnn  # noqa: E402
+
+
+@pytest.mark.parametrize("D", [1, 2])
+@pytest.mark.parametrize("activation", ["tanh", "relu"])
+def test_plain_scan_is_the_op(D, activation):
+    case = bench_gpu.Case(7, 3, 5, 4, D, activation)
+    x, R, W, b, h0, _ = bench_gpu.problem(case)
+    want = jax_sgrnn.reference(x, R, W, b, h0, activation=activation, bidirectional=D == 2)
+    got = bench_gpu.plain_scan(x, R, W, b, h0, activation, bidirectional=D == 2)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_sweep_spans_the_grid():
+    cases = bench_gpu.sweep_cases()
+    assert {c.D for c in cases} == {1, 2} and {c.activation for c in cases} == {"tanh", "relu"}
+    assert min(c.T for c in cases) == 50 and max(c.T for c in cases) >= 2000
+    assert min(c.N for c in cases) == 1 and max(c.N for c in cases) == 1024
+    assert min(c.H for c in cases) == 64 and max(c.H for c in cases) == 2048
+    assert any(c.H % 32 for c in cases)
+
+
+@requires_native
+def test_census_counts_launches():
+    case = bench_gpu.Case(6, 2, 3, 4)
+    with jax_sgrnn.cpu_backend("native"):
+        timed = bench_gpu.contenders(case, ("fwd", "fwd+bwd"), False, False)
+    op, plain = timed["op"].compiled, timed["plain"].compiled
+    assert bench_gpu.census(op["fwd"].as_text()) == {"custom-call jax_sgrnn_forward": 1}
+    grad = bench_gpu.census(op["fwd+bwd"].as_text())
+    assert grad["custom-call jax_sgrnn_forward"] == grad["custom-call jax_sgrnn_gradients"] == 1
+    assert bench_gpu.census(plain["fwd"].as_text())["while"] == 1
+
+
+def test_census_descends_into_called_computations():
+    hlo = """HloModule m
+
+%buffer (p: f32[2]) -> f32[2] {
+  %p = f32[2]{0} parameter(0)
+  ROOT %f = f32[2]{0} fusion(%p), kind=kLoop, calls=%fused
+}
+
+ENTRY %main (a: f32[2]) -> f32[2] {
+  %a = f32[2]{0} parameter(0)
+  %c = f32[2]{0} call(%a), to_apply=%buffer
+  %g = (f32[2]{0}, s8[4]{0}) custom-call(%c), custom_call_target="__cublas$gemm"
+  %e = f32[2]{0} get-tuple-element(%g), index=0
+  ROOT %t = f32[2]{0} copy(%e)
+}
+"""
+    assert bench_gpu.census(hlo) == {"fusion": 1, "custom-call __cublas$gemm": 1, "copy": 1}
+
+
+def test_back_to_back_waits_once_for_the_last_call():
+    calls, waits = [], []
+    contender = bench_gpu.Contender({"fwd": lambda: calls.append(1) or len(calls)}, waits.append)
+    contender.timer("fwd", "b2b", 5)()
+    contender.timer("fwd", "waited", 5)()
+    assert len(calls) == 6 and waits == [5, 6]
+    assert contender.timer("jvp", "b2b", 5) is None
