@@ -1,8 +1,12 @@
-"""CPU benchmark: jax_sgrnn's custom call vs the jitted lax.scan reference vs PyTorch nn.RNN.
+"""CPU benchmark: jax_sgrnn's custom call vs the jitted lax.scan reference, PyTorch nn.RNN and
+oneDNN's vanilla RNN primitive.
 
-All three run in this one process on the same shapes: tanh, with input weight, bias and
+All run in this one process on the same shapes: tanh, with input weight, bias and
 initial state, float32. Forward, forward+backward (gradients for every input) and jvp (a
-tangent for every input; JAX contenders only). Reports
+tangent for every input; JAX contenders only). PyTorch and oneDNN are optional: each is timed
+where it is found (oneDNN: `pip install onednn`, or $ONEDNN_LIBRARY, see onednn_rnn.py), after
+a check that it computes what the op computes. --threads K pins the process to K cores
+before any runtime starts its threads, so every contender runs on K. Reports
 the median of --repeats timed runs after warm-up (and the op's and the scan's min-max, their
 spread), timed in rounds that interleave the contenders and a large GEMM (so that a slow
 stretch of the machine falls on all alike), the op's GFLOP/s and its fraction of the large
@@ -15,6 +19,7 @@ docs/design.md weighs.
 
     python benchmarks/bench_cpu.py               # the issue's five shapes
     python benchmarks/bench_cpu.py --shapes 100,16,64,64 --repeats 50
+    python benchmarks/bench_cpu.py --threads 1
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 
 import jax
@@ -145,6 +151,7 @@ def torch_timers(x, R, W, b, h0, c):
 
     T, N, I = x.shape
     H = R.shape[0]
+    torch.set_num_threads(len(os.sched_getaffinity(0)))
     rnn = torch.nn.RNN(I, H, nonlinearity="tanh")
     with torch.no_grad():
         rnn.weight_ih_l0.copy_(torch.from_numpy(np.asarray(W)))
@@ -166,7 +173,35 @@ def torch_timers(x, R, W, b, h0, c):
         y.backward(ct)
 
     # The jvp is timed for the JAX contenders only.
-    return fwd, fwd_bwd, None, (torch.__version__, torch.get_num_threads())
+    return fwd, fwd_bwd, None, f"{torch.__version__}, {torch.get_num_threads()} threads"
+
+
+def onednn_timers(x, R, W, b, h0, c):
+    """oneDNN's (forward, forward+backward) callables and its version, or None where no
+    oneDNN library is found. Refuses a oneDNN whose results differ from the op's."""
+    import onednn_rnn
+
+    path = onednn_rnn.library_path()
+    if path is None:
+        return None
+    lib = onednn_rnn.load_library(path)
+    args = tuple(np.asarray(a) for a in (x, R, W, b, h0, c))
+    peer = onednn_rnn.OneDnnRnn(lib, *args)
+    peer.forward()
+    want_y = jax_sgrnn.single_gate_rnn(x, R, W, b, h0, activation="tanh")
+    loss = lambda *a: jnp.sum(jax_sgrnn.single_gate_rnn(*a, activation="tanh") * c)
+    want_grads = jax.grad(loss, argnums=(0, 1, 2, 3, 4))(x, R, W, b, h0)
+    peer.forward_backward()
+    for name, got, want in zip(("y", "dx", "dR", "dW", "db", "dh0"),
+                               (peer.y(), *peer.gradients()), (want_y, *want_grads)):
+        want = np.asarray(want)
+        error = np.max(np.abs(got - want)) / np.max(np.abs(want))
+        if not error < 1e-3:  # float32 sums in another order, far below a wrong formula's
+            raise SystemExit(f"oneDNN's {name} differs from the op's (max error {error:.1e} of "
+                             "the largest value): not timed")
+    impl = ", ".join(f"{k} {v}" for k, v in peer.impl.items())
+    return (peer.forward, peer.forward_backward, None,
+            f"oneDNN {onednn_rnn.version(lib)} from {path}; {impl}")
 
 
 PHASES = ("projection", "recurrence", "backward_recurrence", "weight_gradients",
@@ -213,8 +248,14 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--repeats", type=int, default=10,
                         help="minimum timed runs per measurement (fast ones run for 0.5 s)")
     parser.add_argument("--no-torch", action="store_true", help="skip PyTorch")
+    parser.add_argument("--no-onednn", action="store_true", help="skip oneDNN")
+    parser.add_argument("--threads", type=int,
+                        help="run every contender on this many cores (default: all)")
     parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args(argv)
+    if args.threads:
+        # Before XLA, PyTorch's OpenMP or oneDNN's runtime size their pools from this mask.
+        os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:args.threads])
     if "cpu" not in jax_sgrnn.NATIVE_PLATFORMS:
         raise SystemExit("jax_sgrnn's CPU handler did not load: nothing native to measure")
     try:
@@ -224,12 +265,15 @@ def main(argv=None) -> list[dict]:
         have_torch = True
     except ImportError:
         have_torch = False
+    have_onednn = not args.no_onednn
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # onednn_rnn beside it
 
     from jax_sgrnn import _sgrnn_cpu
 
     gemm_timer = large_gemm_timer()
     gemm = large_gemm_gflops()
-    machine = dict(cpu=cpu_name(), cores=os.cpu_count(), isa=_sgrnn_cpu.selected_isa(),
+    machine = dict(cpu=cpu_name(), cores=len(os.sched_getaffinity(0)),
+                   isa=_sgrnn_cpu.selected_isa(),
                    jax=jax.__version__, date=time.strftime("%Y-%m-%d"), gemm_gflops=gemm)
     print(f"{machine['date']}; {machine['cpu']}, {machine['cores']} cores; kernels "
           f"{machine['isa']}; jax {jax.__version__}; float32; large GEMM {gemm:.0f} GFLOP/s "
@@ -238,10 +282,13 @@ def main(argv=None) -> list[dict]:
           "interleave the contenders and the large GEMM; 'spread' is min-max; 'gemm' is the "
           "large GEMM's GFLOP/s in the row's rounds, '% gemm' the op's GFLOP/s over it")
     rows, phases = [], {}
+    peers = ("torch", "onednn")
     header = (f"{'T,N,I,H':>16} {'pass':>8} {'op ms':>8} {'op spread':>13} {'scan ms':>8} "
-              f"{'scan spread':>13} {'torch ms':>8} {'xlaproj':>8} {'op GF/s':>8} {'gemm':>6} "
-              f"{'% gemm':>7} {'vs scan':>8} {'vs torch':>8}")
+              f"{'scan spread':>13} {'torch ms':>8} {'onednn':>8} {'xlaproj':>8} "
+              f"{'op GF/s':>8} {'gemm':>6} {'% gemm':>7} {'vs scan':>8} {'vs torch':>8} "
+              f"{'vs onednn':>9}")
     print(header)
+    notes = {}
     for spec in args.shapes:
         T, N, I, H = map(int, spec.split(","))
         x, R, W, b, h0, c = problem(T, N, I, H)
@@ -251,10 +298,16 @@ def main(argv=None) -> list[dict]:
             "scan": jax_timers(jax_sgrnn.reference, x, R, W, b, h0, c),
             "xla_proj": jax_timers(recurrence_only, x, R, W, b, h0, c),
         }
-        torch_info = None
         if have_torch:
-            *pair, torch_info = torch_timers(x, R, W, b, h0, c)
-            timers["torch"] = pair
+            *timers["torch"], notes["torch"] = torch_timers(x, R, W, b, h0, c)
+        if have_onednn:
+            found = onednn_timers(x, R, W, b, h0, c)
+            if found is None:
+                print("oneDNN not timed: no libdnnl found (pip install onednn, or set "
+                      "ONEDNN_LIBRARY)")
+                have_onednn = False
+            else:
+                *timers["onednn"], notes[f"onednn {spec}"] = found
         # The jvp's tangent adds dx W^T, x dW^T and (h m) dR^T to one more recurrence.
         passes = (("fwd", flops_fwd), ("fwd+bwd", 3 * flops_fwd), ("jvp", 3 * flops_fwd))
         for i, (name, flops) in enumerate(passes):
@@ -268,22 +321,25 @@ def main(argv=None) -> list[dict]:
                        op_gflops=flops / t["op"] / 1e9, speedup_vs_scan=t["scan"] / t["op"])
             row["gemm_gflops"] = row_gemm
             row["op_fraction_of_gemm"] = row["op_gflops"] / row_gemm
-            if "torch" in t:
-                row["speedup_vs_torch"] = t["torch"] / t["op"]
+            row.update({f"speedup_vs_{k}": t[k] / t["op"] for k in peers if k in t})
             rows.append(row)
-            torch_ms = f"{row['torch_ms']:8.2f}" if "torch" in t else f"{'-':>8}"
-            vs_torch = f"{row['speedup_vs_torch']:7.2f}x" if "torch" in t else f"{'-':>8}"
+            peer_ms = " ".join(f"{row[f'{k}_ms']:8.2f}" if k in t else f"{'-':>8}"
+                               for k in peers)
+            vs_peer = " ".join(f"{row[f'speedup_vs_{k}']:{w}.2f}x" if k in t else f"{'-':>{w + 1}}"
+                               for k, w in zip(peers, (7, 8)))
             spread = lambda k: f"{row[f'{k}_min_ms']:.2f}-{row[f'{k}_max_ms']:.2f}"
             print(f"{spec:>16} {name:>8} {row['op_ms']:8.2f} {spread('op'):>13} "
-                  f"{row['scan_ms']:8.2f} {spread('scan'):>13} {torch_ms} "
+                  f"{row['scan_ms']:8.2f} {spread('scan'):>13} {peer_ms} "
                   f"{row['xla_proj_ms']:8.2f} {row['op_gflops']:8.1f} {row_gemm:6.0f} "
                   f"{100 * row['op_fraction_of_gemm']:6.0f}% {row['speedup_vs_scan']:7.2f}x "
-                  f"{vs_torch}", flush=True)
+                  f"{vs_peer}", flush=True)
         fwd_ms, jvp_ms = (r["op_ms"] for r in rows[-3::2])
         print(f"{'':>16} jvp/fwd {jvp_ms / fwd_ms:8.2f} (the op's jvp over its forward)")
         phases[spec] = phase_ms(timers["op"][1], args.repeats)
-    if torch_info:
-        print(f"torch {torch_info[0]}, {torch_info[1]} threads")
+    if "torch" in notes:
+        print(f"torch {notes.pop('torch')}")
+    for spec, note in notes.items():
+        print(f"{spec}: {note}")
     print_phases(phases)
     if args.json:
         with open(args.json, "w") as f:
