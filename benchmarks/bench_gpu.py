@@ -28,6 +28,7 @@ program (each fusion, copy, product or custom call is at least one kernel launch
     python benchmarks/bench_gpu.py --tables float32       # the five issue shapes
     python benchmarks/bench_gpu.py --shapes 100,32,256,256 --json gpu.json
     python benchmarks/bench_gpu.py --sweep --tables float32
+    python benchmarks/bench_gpu.py --sweep --sweep-hidden 700 1024 2048   # part of the grid
     python benchmarks/bench_gpu.py --census --shapes 100,32,256,256
 """
 
@@ -41,7 +42,7 @@ import pathlib
 import re
 import sys
 import time
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -248,11 +249,20 @@ def run_table(cases, repeats: int, k: int, have_torch: bool, title: str,
     return rows
 
 
-def sweep_cases() -> list[Case]:
+SWEEP_HIDDEN = (64, 100, 256, 700, 1024, 2048)
+
+
+def sweep_cases(hidden: Optional[Sequence[int]] = None) -> list[Case]:
     """The sweep's grid: every hidden size against every batch size, with as many steps (50
-    to 3000) as keep a call's work modest; directions and activations alternate."""
+    to 3000) as keep a call's work modest; directions and activations alternate. `hidden`
+    keeps only the points of those hidden sizes (None: all)."""
+    unknown = sorted(set(hidden or ()) - set(SWEEP_HIDDEN))
+    if unknown:
+        raise ValueError(f"hidden size(s) {unknown} not in the sweep's grid {SWEEP_HIDDEN}")
     cases = []
-    for i, H in enumerate((64, 100, 256, 700, 1024, 2048)):
+    for i, H in enumerate(SWEEP_HIDDEN):
+        if hidden and H not in hidden:
+            continue  # after enumerate: a point keeps its directions and activation
         for j, N in enumerate((1, 4, 32, 1024)):
             T = min(3000, max(50, 2 ** 20 // (N * H)))
             D = 1 + (i + j) % 2
@@ -363,13 +373,22 @@ def main(argv=None) -> dict:
     parser.add_argument("--tables", nargs="+", default=["float32", "tf32"],
                         choices=["float32", "tf32"], help="which tables to measure")
     parser.add_argument("--sweep", action="store_true", help="time the sweep's grid instead")
+    parser.add_argument("--sweep-hidden", nargs="+", type=int, metavar="H",
+                        help="with --sweep: only the grid's points of these hidden sizes "
+                             "(default: all)")
     parser.add_argument("--census", action="store_true",
                         help="print what one call of each JAX contender runs, and time nothing")
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args(argv)
+    if args.sweep_hidden and not args.sweep:
+        parser.error("--sweep-hidden needs --sweep")
+    try:
+        cases = (sweep_cases(args.sweep_hidden) if args.sweep
+                 else [Case.parse(s) for s in args.shapes])
+    except ValueError as e:
+        parser.error(str(e))
     if jax.default_backend() != "gpu":
         raise SystemExit(f"no GPU: jax's default backend is {jax.default_backend()!r}")
-    cases = sweep_cases() if args.sweep else [Case.parse(s) for s in args.shapes]
     repeats = args.repeats or (5 if args.sweep else 20)
     calls = args.calls or (10 if args.sweep else 50)
     device = jax.devices()[0].device_kind

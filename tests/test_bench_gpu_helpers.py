@@ -75,3 +75,22 @@ def test_back_to_back_waits_once_for_the_last_call():
     contender.timer("fwd", "waited", 5)()
     assert len(calls) == 6 and waits == [5, 6]
     assert contender.timer("jvp", "b2b", 5) is None
+
+
+def test_sweep_hidden_keeps_exactly_those_points():
+    grid = bench_gpu.sweep_cases()
+    kept = bench_gpu.sweep_cases([2048, 700])
+    assert kept == [c for c in grid if c.H in (700, 2048)] and len(kept) == 8
+    assert bench_gpu.sweep_cases(None) == grid
+    with pytest.raises(ValueError, match=r"\[512\] not in the sweep's grid"):
+        bench_gpu.sweep_cases([700, 512])
+
+
+@pytest.mark.parametrize("argv, error", [
+    (["--sweep", "--sweep-hidden", "512"], "error: hidden size(s) [512] not in the sweep's grid"),
+    (["--sweep-hidden", "700"], "error: --sweep-hidden needs --sweep"),
+])
+def test_sweep_hidden_is_checked_before_anything_runs(argv, error, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        bench_gpu.main(argv)
+    assert exit_.value.code == 2 and error in capsys.readouterr().err
