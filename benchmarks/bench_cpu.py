@@ -29,7 +29,6 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
 
 import jax
@@ -176,15 +175,24 @@ def torch_timers(x, R, W, b, h0, c):
     return fwd, fwd_bwd, None, f"{torch.__version__}, {torch.get_num_threads()} threads"
 
 
-def onednn_timers(x, R, W, b, h0, c):
-    """oneDNN's (forward, forward+backward) callables and its version, or None where no
-    oneDNN library is found. Refuses a oneDNN whose results differ from the op's."""
+def onednn_library():
+    """oneDNN's library, loaded, or None (with a message) where none is found."""
     import onednn_rnn
 
     path = onednn_rnn.library_path()
     if path is None:
+        print("oneDNN not timed: no libdnnl found (pip install onednn, or set ONEDNN_LIBRARY)")
         return None
     lib = onednn_rnn.load_library(path)
+    print(f"oneDNN {onednn_rnn.version(lib)} from {path}")
+    return lib
+
+
+def onednn_timers(lib, x, R, W, b, h0, c):
+    """oneDNN's (forward, forward+backward) callables and its version and implementations.
+    Refuses a oneDNN whose results differ from the op's."""
+    import onednn_rnn
+
     args = tuple(np.asarray(a) for a in (x, R, W, b, h0, c))
     peer = onednn_rnn.OneDnnRnn(lib, *args)
     peer.forward()
@@ -200,8 +208,7 @@ def onednn_timers(x, R, W, b, h0, c):
             raise SystemExit(f"oneDNN's {name} differs from the op's (max error {error:.1e} of "
                              "the largest value): not timed")
     impl = ", ".join(f"{k} {v}" for k, v in peer.impl.items())
-    return (peer.forward, peer.forward_backward, None,
-            f"oneDNN {onednn_rnn.version(lib)} from {path}; {impl}")
+    return peer.forward, peer.forward_backward, None, f"oneDNN {onednn_rnn.version(lib)}; {impl}"
 
 
 PHASES = ("projection", "recurrence", "backward_recurrence", "weight_gradients",
@@ -265,8 +272,7 @@ def main(argv=None) -> list[dict]:
         have_torch = True
     except ImportError:
         have_torch = False
-    have_onednn = not args.no_onednn
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # onednn_rnn beside it
+    onednn = None if args.no_onednn else onednn_library()
 
     from jax_sgrnn import _sgrnn_cpu
 
@@ -300,14 +306,8 @@ def main(argv=None) -> list[dict]:
         }
         if have_torch:
             *timers["torch"], notes["torch"] = torch_timers(x, R, W, b, h0, c)
-        if have_onednn:
-            found = onednn_timers(x, R, W, b, h0, c)
-            if found is None:
-                print("oneDNN not timed: no libdnnl found (pip install onednn, or set "
-                      "ONEDNN_LIBRARY)")
-                have_onednn = False
-            else:
-                *timers["onednn"], notes[f"onednn {spec}"] = found
+        if onednn is not None:
+            *timers["onednn"], notes[f"onednn {spec}"] = onednn_timers(onednn, x, R, W, b, h0, c)
         # The jvp's tangent adds dx W^T, x dW^T and (h m) dR^T to one more recurrence.
         passes = (("fwd", flops_fwd), ("fwd+bwd", 3 * flops_fwd), ("jvp", 3 * flops_fwd))
         for i, (name, flops) in enumerate(passes):

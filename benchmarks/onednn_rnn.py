@@ -1,6 +1,6 @@
 """oneDNN's `vanilla_rnn` primitive as a benchmark peer, through its C API (ctypes).
 
-Optional: `pip install onednn` (Intel's build, TBB threading) puts `libdnnl.so` under the
+Optional: `pip install onednn` (Intel's build, SYCL runtime over TBB) puts `libdnnl.so` under the
 environment's `lib/`; `ONEDNN_LIBRARY=/path/to/libdnnl.so` picks another build. Nothing here is
 compiled, so any oneDNN 3.x library works without its headers.
 
@@ -26,7 +26,7 @@ import numpy as np
 # oneDNN 3.x C API values (oneapi/dnnl/dnnl_types.h, dnnl_common_types.h); the ABI keeps them
 # within a major version, which load_library checks.
 _F32 = 3
-_TAG_ANY, _TNC, _LDNC, _LDIGO, _LDGO = 1, 4, 5, 6, 5
+_TAG_ANY, _TNC, _LDNC, _LDIGO = 1, 4, 5, 6  # ldnc is also ldgo (the bias): both abcd
 _FORWARD_TRAINING, _FORWARD_INFERENCE, _BACKWARD = 64, 96, 128
 _ACTIVATIONS = {"tanh": 33, "relu": 32}
 _LEFT2RIGHT = 1
@@ -128,9 +128,8 @@ class OneDnnRnn:
             dst_layer=(T, N, H), diff_src_layer=(T, N, I), diff_src_iter=(1, 1, N, H),
             diff_bias=(1, 1, 1, H), diff_weights_layer=(1, 1, I, 1, H),
             diff_weights_iter=(1, 1, H, 1, H)).items()})
-        plain = {k: self._desc(a.shape, _LDIGO if k.endswith(("weights_layer", "weights_iter"))
-                               else _TNC if a.ndim == 3 else _LDNC)
-                 for k, a in self.arrays.items()}  # ldgo (bias) and ldnc are both abcd
+        plain = {k: self._desc(a.shape, {3: _TNC, 4: _LDNC, 5: _LDIGO}[a.ndim])
+                 for k, a in self.arrays.items()}
         self.memory = {k: self._memory(plain[k], a) for k, a in self.arrays.items()}
         any_ = {k: self._desc(self.arrays[k].shape, _TAG_ANY)
                 for k in ("weights_layer", "weights_iter")}
