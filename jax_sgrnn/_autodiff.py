@@ -39,8 +39,9 @@ from jax.interpreters import ad, batching, mlir
 from ._primitives import (OpConfig, eager_impl, forward_p, forward_reference, gradients_p,
                           gradients_reference)
 from ._spec import INPUTS, OPERANDS, OPTIONAL_NAMES, Activation, compute_dtype
-from .reference import (activate_grad, direction_layout, flip_rows, matmul_t,
+from .reference import (activate_grad, direction_layout, flip_rows, halves, matmul_t,
                         recurrent_inputs, reference, valid_steps)
+
 
 def bind_gradients(config: OpConfig, x, R, dy, z, *optionals) -> list:
     """The gradient primitive for one problem (a group axis of size 1 added to the operands
@@ -71,10 +72,6 @@ def _tangent_abstract_eval(*operands, config: OpConfig, tangents: tuple[str, ...
     return [z, z] if config.descriptor.training else [z]
 
 
-def _halves(a, directions: int) -> list:
-    return jnp.split(a, directions, axis=-1)
-
-
 def tangent(*operands, config: OpConfig, tangents: tuple[str, ...]) -> list:
     """``tangent_p`` as JAX code around one forward call (the module docstring's equations):
     ``[dy]``, or ``[dy, dz]`` for a training forward. Operands: the tangents named in
@@ -103,11 +100,11 @@ def tangent(*operands, config: OpConfig, tangents: tuple[str, ...]) -> list:
         parts.append((x, t["input_weight"]))
 
     h0 = jnp.zeros_like(z[0]) if h0 is None else cast(h0)
-    masks = [None] * D if mask is None else _halves(jnp.broadcast_to(mask, z.shape), D)
+    masks = [None] * D if mask is None else halves(jnp.broadcast_to(mask, z.shape), D)
     scale = activate_grad(desc.activation, z)  # s = act'(z), laid out as z
     hm_parts, scaled_masks = [], []
-    for d, (z_d, s_d, h0_d, m_d) in enumerate(zip(_halves(z, D), _halves(scale, D),
-                                                  _halves(h0, D), masks)):
+    for d, (z_d, s_d, h0_d, m_d) in enumerate(zip(halves(z, D), halves(scale, D),
+                                                  halves(h0, D), masks)):
         read_reversed, store_flipped = direction_layout(desc, d)
         if store_flipped:  # to processing order
             z_d, s_d = flip_rows(z_d, lengths), flip_rows(s_d, lengths)

@@ -123,9 +123,10 @@ def sum_over_steps_and_rows(spec: str, a, b):
     return jnp.einsum(spec, a, b, precision=_HIGHEST, out_sharding=out_sharding)
 
 
-def _halves(a, dims: Dims):
-    """Splits the last axis into the D direction halves."""
-    return [a[..., d * dims.H:(d + 1) * dims.H] for d in range(dims.D)]
+def halves(a, directions: int) -> list:
+    """Splits the last axis into the halves of the directions (one, or two)."""
+    H = a.shape[-1] // directions
+    return [a[..., d * H:(d + 1) * H] for d in range(directions)]
 
 
 def _steps_unsharded(*arrays) -> list:
@@ -213,7 +214,7 @@ def scan_forward(source, recurrent_weight, input_weight, bias, init_state, mask,
     # lengths enter only when given, and each step emits one sequence: y, or z when training
     # (y then follows from z in one elementwise pass, as the backward needs z anyway).
     outs = []
-    for d, (xp_d, h0_d) in enumerate(zip(_halves(xp, dims), _halves(h0, dims))):
+    for d, (xp_d, h0_d) in enumerate(zip(halves(xp, dims.D), halves(h0, dims.D))):
         read_reversed, store_flipped = direction_layout(desc, d)
 
         def step(h, inputs, R_d=R[d]):
@@ -227,7 +228,7 @@ def scan_forward(source, recurrent_weight, input_weight, bias, init_state, mask,
 
         inputs = {"x": flip_rows(xp_d, lengths) if read_reversed else xp_d}
         if m is not None:
-            inputs["m"] = _halves(m, dims)[d]
+            inputs["m"] = halves(m, dims.D)[d]
         if valid is not None:
             inputs["valid"] = valid
         _, out_d = lax.scan(step, h0_d, inputs, unroll=unroll)
@@ -271,10 +272,10 @@ def recurrent_weight_gradient(d_source, z_state, init_state, mask, seq_lengths,
     T, N, DH = z_state.shape
     dims = Dims(T=T, N=N, I=DH, H=DH // descriptor.directions, D=descriptor.directions)
     valid = None if seq_lengths is None else valid_steps(seq_lengths, T)
-    masks = [None] * dims.D if mask is None else _halves(mask, dims)
+    masks = [None] * dims.D if mask is None else halves(mask, dims.D)
     dRs = []
-    for d, (dz_d, z_d, h0_d) in enumerate(zip(_halves(d_source, dims), _halves(z_state, dims),
-                                              _halves(init_state, dims))):
+    for d, (dz_d, z_d, h0_d) in enumerate(zip(halves(d_source, dims.D), halves(z_state, dims.D),
+                                              halves(init_state, dims.D))):
         read_reversed, store_flipped = direction_layout(descriptor, d)
         if read_reversed:  # both to processing order
             dz_d = flip_rows(dz_d, seq_lengths)
@@ -308,10 +309,10 @@ def reference_gradients(source, recurrent_weight, source_gradient, z_state, inpu
     valid = None if lengths is None else valid_steps(lengths, dims.T)
 
     dxps, dRs, dh0s = [], [], []
-    for d, (g_d, z_d, h0_d) in enumerate(zip(_halves(g, dims), _halves(z, dims),
-                                             _halves(h0, dims))):
+    for d, (g_d, z_d, h0_d) in enumerate(zip(halves(g, dims.D), halves(z, dims.D),
+                                             halves(h0, dims.D))):
         read_reversed, store_flipped = direction_layout(desc, d)
-        m_d = None if m is None else _halves(m, dims)[d]
+        m_d = None if m is None else halves(m, dims.D)[d]
         if store_flipped:  # to processing order
             g_d, z_d = flip_rows(g_d, lengths), flip_rows(z_d, lengths)
 
