@@ -73,6 +73,13 @@ def test_batch_splits_and_optional_inputs(rng, pattern, N):
 
 
 @requires_gpu
+def test_blocks_of_several_row_groups(rng):
+    """N = 1000, H = 128, both directions: 8 rows a block, two groups of 4, in both passes
+    (smaller batches give a block one group, whose inputs the kernels load a step ahead)."""
+    _check(rng, 5, 1000, 8, 128, jnp.float32, dict(activation="tanh", bidirectional=True))
+
+
+@requires_gpu
 @pytest.mark.parametrize("H", [300, 512, 1024])
 def test_sizes_up_to_and_beyond_the_largest_cluster(rng, H):
     _check(rng, 4, 6, 8, H, jnp.float32, dict(activation="tanh", reverse=True))
@@ -174,7 +181,7 @@ def test_jvp_through_the_handler(rng, act, rev, bi, lengths):
 @pytest.mark.parametrize("N,H,fwd_call,bwd_call", [
     (2, 32, True, True), (2, 512, True, True), (2, 1024, False, False),
     (1000, 256, True, True),  # 16 rows per cluster of 2
-    (3000, 64, False, False)])  # 23 rows per cluster: the decomposition is faster
+    (3000, 64, False, False)])  # 24 rows per SM: the decomposition is faster
 def test_lowering_for_cuda_emits_the_custom_calls_that_pay(rng, N, H, fwd_call, bwd_call):
     """Lowered for cuda (no GPU needed): the handler's calls and no while loop where R fits
     and the batch is small enough for the kernel to win (recurrence_plan.h, RunsOnChip),

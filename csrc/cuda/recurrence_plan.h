@@ -45,6 +45,10 @@ enum class Pass { kForward, kBackward };
 
 inline constexpr int64_t kMaxThreads = 512;
 inline constexpr int64_t kWideThreads = 256;
+// The registers each thread may use under the kernels' __launch_bounds__ (65536 per block),
+// counted as the hardware allocates them (whole warps, 8-register steps).
+inline constexpr int64_t kNarrowRegisters = 128;
+inline constexpr int64_t kWideRegisters = 256;
 // Thread-block clusters of up to 8 blocks are portable on sm_90.
 inline constexpr int64_t kMaxCluster = 8;
 
@@ -114,9 +118,20 @@ inline std::optional<RecurrencePlan> BlockShape(int64_t H, int64_t element_bytes
   return std::nullopt;
 }
 
+// Blocks of this shape that one SM (2048 threads, 65536 registers, sm_90) holds at once, by
+// their threads and the registers the launch bounds let them use; shared memory, a few KB a
+// row at the sizes where this exceeds one, is not counted. Small blocks leave most of an SM
+// idle alone: at H = 64 (64 threads) four forward blocks share an SM, each with a quarter of
+// the rows, and work through their steps side by side instead of one row group after another.
+inline int64_t ResidentBlocks(const RecurrencePlan& plan) {
+  const int64_t registers = plan.wide ? kWideRegisters : kNarrowRegisters;
+  return std::max<int64_t>(1, std::min(2048 / plan.threads, 65536 / (plan.threads * registers)));
+}
+
 // The full plan for N rows and D directions on a device with `multiprocessors` SMs and
 // `max_shared_bytes` of shared memory per block: as few rows per cluster as fill the device in
-// one wave, and no more than fit in shared memory (further clusters then run in later waves).
+// one wave (ResidentBlocks per SM), and no more than fit in shared memory (further clusters
+// then run in later waves).
 inline std::optional<RecurrencePlan> PlanRecurrence(Pass pass, int64_t H, int64_t N, int64_t D,
                                                     int64_t element_bytes,
                                                     int64_t multiprocessors,
@@ -125,7 +140,8 @@ inline std::optional<RecurrencePlan> PlanRecurrence(Pass pass, int64_t H, int64_
   if (!plan || N < 1) return plan;
   // The fewest rows per cluster whose clusters, whole, fit the device in one wave.
   const int64_t blocks_per_cluster = plan->cluster * D;
-  const int64_t cluster_slots = std::max<int64_t>(1, multiprocessors / blocks_per_cluster);
+  const int64_t cluster_slots =
+      std::max<int64_t>(1, multiprocessors * ResidentBlocks(*plan) / blocks_per_cluster);
   int64_t rows = (N + cluster_slots - 1) / cluster_slots;
   const int64_t per_row = SharedBytesPerRow(*plan, element_bytes);
   rows = std::min(rows, (max_shared_bytes - kSignalBytes) / per_row);
@@ -145,12 +161,12 @@ inline bool IndexesFit(int64_t T, int64_t N, int64_t D, int64_t H) {
 
 // Whether to run the on-chip recurrence for N rows and D directions rather than the lax.scan
 // decomposition (whose steps are cuBLAS products). Both kernels share one plan. Measured on an
-// H200 (docs/performance.md, "GPU"): the kernels are several times faster while each cluster
-// owns a few rows, still faster at 16 rows; more rows a cluster were not compared. The
-// lowering decides before any GPU is seen, so the rows per cluster are counted for a GPU of
+// H200 (docs/performance.md, "GPU"): the kernels are several times faster while each SM works
+// through a few rows a step, still faster at 16 rows; more rows an SM were not compared. The
+// lowering decides before any GPU is seen, so the rows are counted for a GPU of
 // kTypicalMultiprocessors SMs (H100, H200). Both passes' plans must qualify, since one
 // decision covers the op and its gradient.
-inline constexpr int64_t kMaxRowsPerCluster = 16;
+inline constexpr int64_t kMaxRowsPerMultiprocessor = 16;
 inline constexpr int64_t kTypicalMultiprocessors = 132;
 
 inline bool RunsOnChip(int64_t T, int64_t H, int64_t N, int64_t D, int64_t element_bytes) {
@@ -158,7 +174,7 @@ inline bool RunsOnChip(int64_t T, int64_t H, int64_t N, int64_t D, int64_t eleme
     const std::optional<RecurrencePlan> plan =
         PlanRecurrence(pass, H, N, D, element_bytes, kTypicalMultiprocessors,
                        std::numeric_limits<int64_t>::max());
-    return plan && plan->rows <= kMaxRowsPerCluster;
+    return plan && plan->rows * ResidentBlocks(*plan) <= kMaxRowsPerMultiprocessor;
   };
   return IndexesFit(T, N, D, H) && qualifies(Pass::kForward) && qualifies(Pass::kBackward);
 }

@@ -1,11 +1,11 @@
 // A standalone driver of the CUDA recurrence kernels (csrc/cuda/recurrence.cu), for
 // compute-sanitizer (scripts/sanitize_cuda.sh), which cannot follow a Python process running
 // JAX. It runs the forward and gradient kernels over every kind of launch their plans make
-// (the forward's wide blocks, one narrow block per cluster, clusters of 2, 4 and 8, one row or
-// groups of rows, both directions, masks, lengths, float and double), with outputs poisoned
-// with NaN first, and checks that each run returns no CUDA error and writes every output
-// element with a finite value. The values themselves are checked against the reference by
-// tests/test_cuda.py.
+// (the forward's wide blocks, one narrow block per cluster, clusters of 2, 4 and 8, one row,
+// one group of rows or several, both directions, masks, lengths, float and double), with
+// outputs poisoned with NaN first, and checks that each run returns no CUDA error and writes
+// every output element with a finite value. The values themselves are checked against the
+// reference by tests/test_cuda.py.
 #include <cuda_runtime_api.h>
 
 #include <cmath>
@@ -135,7 +135,11 @@ int main() {
   std::mt19937 rng(7);
   const Case cases[] = {
       {6, 8, 128, false, false, false, false, true},  // wide blocks, one row each
-      {5, 40, 37, false, true, true, true, true},     // groups of 4 rows, H off the slice size
+      {5, 5000, 37, false, true, true, true, true},   // several groups of 4 rows a block
+                                                      // (10 forward, 5 backward), H off the
+                                                      // slice size
+      {6, 1000, 64, true, false, true, true, true},   // one group of 4 rows (forward), two of
+                                                      // 1 (backward), blocks sharing an SM
       {4, 5, 256, true, false, true, true, false},    // clusters of 2 (forward) and 4
       {3, 6, 512, false, true, false, false, true},   // float: clusters of 8 (forward only)
       {7, 3, 1, true, true, true, false, true},       // H = 1

@@ -96,7 +96,7 @@ void PlansCoverTheBatch() {
         Check(p->shared_bytes >= 2 * p->ExchangeElements(4) * 4, what + ": two buffers");
         Check(p->shared_bytes == kSignalBytes + p->rows * SharedBytesPerRow(*p, 4),
               what + ": the mbarriers and the rows' memory");
-        const bool one_wave = p->clusters * p->cluster * D <= 132;
+        const bool one_wave = p->clusters * p->cluster * D <= 132 * ResidentBlocks(*p);
         const bool memory_bound = p->shared_bytes + p->shared_bytes / p->rows > 227 * 1024;
         Check(one_wave || memory_bound, what + ": one wave unless shared memory limits");
       }
@@ -107,13 +107,35 @@ void PlansCoverTheBatch() {
   }
 }
 
-void PreferenceFollowsRowsPerCluster() {
+// Small blocks share an SM (as many as their threads and registers allow), each with fewer
+// rows; blocks of the largest shapes have an SM each.
+void SmallBlocksShareAnSM() {
+  const auto plan = [](Pass pass, int64_t H, int64_t N, int64_t D) {
+    return *PlanRecurrence(pass, H, N, D, 4, 132, 227 * 1024);
+  };
+  Check(ResidentBlocks(plan(Pass::kForward, 64, 1, 1)) == 4, "H=64 forward: 4 wide blocks an SM");
+  Check(ResidentBlocks(plan(Pass::kBackward, 64, 1, 1)) == 8, "H=64 backward: 8 blocks an SM");
+  Check(ResidentBlocks(plan(Pass::kForward, 128, 1, 1)) == 2, "H=128 forward: 2 blocks an SM");
+  for (int64_t H : {256, 512}) {
+    for (Pass pass : kPasses) {
+      Check(ResidentBlocks(plan(pass, H, 1, 1)) == 1, Case(H, 4) + Named(pass) + ": an SM each");
+    }
+  }
+  const RecurrencePlan forward = plan(Pass::kForward, 64, 1024, 2);
+  Check(forward.rows == 4 && forward.clusters == 256, "(N=1024, H=64, bi) forward: 4 rows a block");
+  const RecurrencePlan backward = plan(Pass::kBackward, 64, 1024, 2);
+  Check(backward.rows == 2 && backward.clusters == 512, "... backward: 2 rows a block");
+}
+
+void PreferenceFollowsRowsPerMultiprocessor() {
   Check(RunsOnChip(1000, 128, 8, 1, 4), "(1000,8,128,128) on chip");
   Check(RunsOnChip(100, 256, 32, 1, 4), "(100,32,256,256) on chip");
   Check(RunsOnChip(50, 256, 1024, 1, 4), "(50,1024,256,256) on chip (16 rows per cluster)");
   Check(!RunsOnChip(50, 256, 2048, 1, 4), "(50,2048,256,256) by scan");
   Check(RunsOnChip(200, 512, 64, 1, 4), "(200,64,512,512) on chip");
   Check(!RunsOnChip(100, 1024, 1, 1, 4), "H=1024 by scan");
+  Check(RunsOnChip(50, 64, 1024, 2, 4), "(50,1024,64,64 bi) on chip (16 rows per SM)");
+  Check(!RunsOnChip(50, 64, 3000, 1, 4), "(50,3000,64,64) by scan (24 rows per SM)");
   // 32-bit element indices: T*N*D*H up to 2^31 - 1.
   Check(RunsOnChip(65535, 256, 128, 1, 4), "T*N*H = 2^31 - 2^17 on chip");
   Check(!RunsOnChip(65536, 256, 128, 1, 4), "T*N*H = 2^31 by scan");
@@ -126,6 +148,7 @@ int main() {
   BlockShapesCoverEveryUnit();
   OnChipLimits();
   PlansCoverTheBatch();
-  PreferenceFollowsRowsPerCluster();
+  SmallBlocksShareAnSM();
+  PreferenceFollowsRowsPerMultiprocessor();
   return unit_test::Report();
 }
