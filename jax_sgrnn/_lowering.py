@@ -135,6 +135,11 @@ def _recurrence_only_gradients(x, R, dy, z, opt: dict, *, config: OpConfig,
 # scans"). Read at lowering time.
 DECOMPOSITION_UNROLL = 4
 
+# Platforms whose decomposition takes the reference's ``gpu_form``: both directions of a
+# bidirectional call in one scan, and one-row backward products against a transposed R
+# (docs/performance.md, "The decomposition"). XLA's CPU runs both slower.
+GPU_FORM_PLATFORMS = ("cuda", "rocm")
+
 
 def _lower_decomposition(ctx, *args, config: OpConfig, decomposition):
     """The ``lax.scan`` decomposition: the rule of platforms without a handler, and of calls
@@ -143,7 +148,8 @@ def _lower_decomposition(ctx, *args, config: OpConfig, decomposition):
     length it does not know."""
     steps = ctx.avals_in[0].shape[-3]
     unroll = DECOMPOSITION_UNROLL if isinstance(steps, int) else 1
-    fn = functools.partial(decomposition, config=config, unroll=unroll)
+    gpu_form = all(p in GPU_FORM_PLATFORMS for p in ctx.module_context.platforms)
+    fn = functools.partial(decomposition, config=config, unroll=unroll, gpu_form=gpu_form)
     return mlir.lower_fun(fn, multiple_results=True)(ctx, *args)
 
 

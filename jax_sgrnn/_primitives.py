@@ -126,12 +126,14 @@ forward_p.def_abstract_eval(_forward_abstract_eval)
 forward_p.def_impl(eager_impl(forward_p))
 
 
-def forward_reference(x, R, *rest, config: OpConfig, unroll: int = 1) -> list:
+def forward_reference(x, R, *rest, config: OpConfig, unroll: int = 1,
+                      gpu_form: bool = False) -> list:
     """The forward primitive computed by the ``lax.scan`` reference (the portable lowering,
-    with ``unroll`` steps per loop iteration)."""
+    with ``unroll`` steps per loop iteration, in the loops GPUs run faster where ``gpu_form``:
+    :func:`~jax_sgrnn.reference`)."""
     opt = config.optionals(rest)
     out = scan_forward(x, R, opt["input_weight"], opt["bias"], opt["init_state"], opt["mask"],
-                       opt["seq_lengths"], config.descriptor, unroll)
+                       opt["seq_lengths"], config.descriptor, unroll, gpu_form)
     return list(out) if config.descriptor.training else [out]
 
 
@@ -239,9 +241,11 @@ gradients_p.def_abstract_eval(_gradients_abstract_eval)
 gradients_p.def_impl(eager_impl(gradients_p))
 
 
-def gradients_reference(x, R, dy, z, *rest, config: OpConfig, unroll: int = 1) -> list:
+def gradients_reference(x, R, dy, z, *rest, config: OpConfig, unroll: int = 1,
+                        gpu_form: bool = False) -> list:
     """The gradient primitive by explicit BPTT in ``lax.scan`` (the portable lowering, with
-    ``unroll`` steps per loop iteration)."""
+    ``unroll`` steps per loop iteration, in the loops GPUs run faster where ``gpu_form``:
+    :func:`~jax_sgrnn.reference`)."""
     opt = config.optionals(rest)
     axes = {n: 0 if OPERANDS[n].grouped else None for n in OPTIONAL_NAMES}
     if opt["mask"] is not None and opt["mask"].shape[0] == 1:  # one mask for every group
@@ -249,7 +253,7 @@ def gradients_reference(x, R, dy, z, *rest, config: OpConfig, unroll: int = 1) -
 
     def one(x, dy, z, opt):
         return reference_gradients(x, R, dy, z, descriptor=config.descriptor, unroll=unroll,
-                                   **opt)
+                                   gpu_form=gpu_form, **opt)
 
     if x.shape[0] == 1:  # the usual case: no vmap, whose [1, N, H] carries are slower on GPUs
         take = lambda a, axis: a if a is None or axis is None else a[0]

@@ -7,6 +7,7 @@ also what the op lowers to on platforms without a native handler.
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import jax
@@ -129,6 +130,24 @@ def halves(a, directions: int) -> list:
     return [a[..., d * H:(d + 1) * H] for d in range(directions)]
 
 
+def _scan_directions(step, R, init: list, inputs: dict, merge: bool, **scan_options):
+    """Runs the directions' recurrences, ``lax.scan(partial(step, R_d), ...)``: one scan per
+    direction, or with ``merge`` one scan of all of them, stacked along an axis after time
+    (``R_d`` then ``[D, H, H]``: one batched product a step, half the sequential steps for
+    two). ``init`` and each list in ``inputs`` hold one array per direction; other inputs
+    (``[T, N, 1]``) are shared. Returns the final carries and the outputs, one per direction.
+    A single direction keeps its arrays unstacked (a ``[1, N, H]`` carry is slower on GPUs)."""
+    if not merge or len(init) == 1:
+        scans = [lax.scan(functools.partial(step, R[d]), init[d],
+                          {k: v[d] if isinstance(v, list) else v for k, v in inputs.items()},
+                          **scan_options) for d in range(len(init))]
+        return [final for final, _ in scans], [out for _, out in scans]
+    final, out = lax.scan(functools.partial(step, R), jnp.stack(init),
+                          {k: jnp.stack(v, axis=1) if isinstance(v, list) else v
+                           for k, v in inputs.items()}, **scan_options)
+    return list(final), [out[:, d] for d in range(len(init))]
+
+
 def _steps_unsharded(*arrays) -> list:
     """Each ``[T, ...]`` array with its time axis gathered where explicit sharding splits it:
     ``lax.scan`` steps along an axis that every device holds whole."""
@@ -180,16 +199,20 @@ def reference(source, recurrent_weight, input_weight=None, bias=None, init_state
               mask=None, descriptor: Optional[SingleGateRNNDescriptor] = None, *,
               seq_lengths=None, reverse: Optional[bool] = None,
               bidirectional: Optional[bool] = None, training: Optional[bool] = None,
-              activation=None, unroll: int = 1):
+              activation=None, unroll: int = 1, gpu_form: bool = False):
     """Single-gate RNN forward with ``lax.scan``; same signature as ``single_gate_rnn``, plus
-    ``unroll``, the steps per iteration of the scan's loop (``lax.scan``'s own argument).
+    ``unroll``, the steps per iteration of the scan's loop (``lax.scan``'s own argument), and
+    ``gpu_form``, the loops that GPUs run faster, with the same result: a bidirectional
+    call's two directions in one scan, one batched product a step, instead of one scan each;
+    and in :func:`reference_gradients`, for a batch of one row, each step's product with a
+    transposed copy of R (a matrix-vector product along R's rows, not down its columns).
 
     Returns ``y``, or ``(y, z)`` when ``training``. The mask is a constant (no gradient).
     """
     desc = resolve_descriptor(descriptor, reverse=reverse, bidirectional=bidirectional,
                               training=training, activation=activation)
     return scan_forward(source, recurrent_weight, input_weight, bias, init_state,
-                        _constant(mask), seq_lengths, desc, unroll)
+                        _constant(mask), seq_lengths, desc, unroll, gpu_form)
 
 
 def _constant(mask):
@@ -197,7 +220,8 @@ def _constant(mask):
 
 
 def scan_forward(source, recurrent_weight, input_weight, bias, init_state, mask, seq_lengths,
-                 desc: SingleGateRNNDescriptor, unroll: int = 1):
+                 desc: SingleGateRNNDescriptor, unroll: int = 1,
+                 gpu_form: bool = False):
     """:func:`reference` with every argument given, the mask differentiable like the other
     inputs (the forward primitive's decomposition: the tangent's own recurrence takes a mask
     that depends on z, ``_autodiff.py``)."""
@@ -213,26 +237,26 @@ def scan_forward(source, recurrent_weight, input_weight, bias, init_state, mask,
     # The scans' step bodies stay lean (this is what GPUs and TPUs run): the mask and the
     # lengths enter only when given, and each step emits one sequence: y, or z when training
     # (y then follows from z in one elementwise pass, as the backward needs z anyway).
-    outs = []
-    for d, (xp_d, h0_d) in enumerate(zip(halves(xp, dims.D), halves(h0, dims.D))):
-        read_reversed, store_flipped = direction_layout(desc, d)
+    def step(R_d, h, inputs):
+        z_k = inputs["x"] + jnp.einsum("...nj,...hj->...nh", h if m is None else h * inputs["m"],
+                                       R_d, precision=_HIGHEST)
+        h_k = activate(desc.activation, z_k)
+        out_k = z_k if desc.training else h_k
+        if valid is not None:  # a finished row keeps its state and gives zeros
+            out_k = jnp.where(inputs["valid"], out_k, 0)
+            h_k = jnp.where(inputs["valid"], h_k, h)
+        return h_k, out_k
 
-        def step(h, inputs, R_d=R[d]):
-            z_k = inputs["x"] + matmul_t(h if m is None else h * inputs["m"], R_d)
-            h_k = activate(desc.activation, z_k)
-            out_k = z_k if desc.training else h_k
-            if valid is not None:  # a finished row keeps its state and gives zeros
-                out_k = jnp.where(inputs["valid"], out_k, 0)
-                h_k = jnp.where(inputs["valid"], h_k, h)
-            return h_k, out_k
-
-        inputs = {"x": flip_rows(xp_d, lengths) if read_reversed else xp_d}
-        if m is not None:
-            inputs["m"] = halves(m, dims.D)[d]
-        if valid is not None:
-            inputs["valid"] = valid
-        _, out_d = lax.scan(step, h0_d, inputs, unroll=unroll)
-        outs.append(flip_rows(out_d, lengths) if store_flipped else out_d)
+    inputs = {"x": [flip_rows(xp_d, lengths) if direction_layout(desc, d)[0] else xp_d
+                    for d, xp_d in enumerate(halves(xp, dims.D))]}
+    if m is not None:
+        inputs["m"] = halves(m, dims.D)
+    if valid is not None:
+        inputs["valid"] = valid
+    _, outs = _scan_directions(step, R, halves(h0, dims.D), inputs, gpu_form,
+                               unroll=unroll)
+    outs = [flip_rows(out_d, lengths) if direction_layout(desc, d)[1] else out_d
+            for d, out_d in enumerate(outs)]
     out = outs[0] if dims.D == 1 else jnp.concatenate(outs, axis=-1)
     if not desc.training:
         return out.astype(dtype)
@@ -291,9 +315,10 @@ def reference_gradients(source, recurrent_weight, source_gradient, z_state, inpu
                         descriptor: Optional[SingleGateRNNDescriptor] = None, *,
                         seq_lengths=None, reverse: Optional[bool] = None,
                         bidirectional: Optional[bool] = None, training: Optional[bool] = None,
-                        activation=None, unroll: int = 1) -> list:
+                        activation=None, unroll: int = 1,
+                        gpu_form: bool = False) -> list:
     """The gradient op as explicit backpropagation through time (spec, "Gradient op");
-    ``unroll`` as in :func:`reference`.
+    ``unroll`` and ``gpu_form`` as in :func:`reference`.
 
     Returns ``[d source, d recurrent_weight]`` followed by ``d input_weight``, ``d bias`` and
     ``d init_state`` for those given, in that order.
@@ -308,34 +333,45 @@ def reference_gradients(source, recurrent_weight, source_gradient, z_state, inpu
     x, h0, m, g, z = without_padding(lengths, dims.T, x, h0, m, g, z)
     valid = None if lengths is None else valid_steps(lengths, dims.T)
 
-    dxps, dRs, dh0s = [], [], []
-    for d, (g_d, z_d, h0_d) in enumerate(zip(halves(g, dims.D), halves(z, dims.D),
-                                             halves(h0, dims.D))):
-        read_reversed, store_flipped = direction_layout(desc, d)
-        m_d = None if m is None else halves(m, dims.D)[d]
-        if store_flipped:  # to processing order
-            g_d, z_d = flip_rows(g_d, lengths), flip_rows(z_d, lengths)
+    layouts = [direction_layout(desc, d) for d in range(dims.D)]
 
-        def step(carry, inputs, R_d=R[d]):
-            dz_k = (inputs["g"] + carry) * activate_grad(desc.activation, inputs["z"])
-            if valid is not None:  # a padded step has no gradient
-                dz_k = jnp.where(inputs["valid"], dz_k, 0)
-            carry_k = jnp.matmul(dz_k, R_d, precision=_HIGHEST)
-            if m_d is not None:
-                carry_k = carry_k * inputs["m"]
-            if valid is not None:  # ... and feeds none back
-                carry_k = jnp.where(inputs["valid"], carry_k, 0)
-            return carry_k, dz_k
+    def processing_order(a):  # each direction's part, in the order its scan steps
+        return [flip_rows(a_d, lengths) if store_flipped else a_d
+                for a_d, (_, store_flipped) in zip(halves(a, dims.D), layouts)]
 
-        inputs = {"g": g_d, "z": z_d}
-        if m_d is not None:
-            inputs["m"] = m_d
-        if valid is not None:
-            inputs["valid"] = valid
-        dh0_d, dz = lax.scan(step, jnp.zeros_like(h0_d), inputs, reverse=True, unroll=unroll)
-        dRs.append(_direction_weight_gradient(desc.activation, dz, z_d, h0_d, m_d, valid))
-        dxps.append(flip_rows(dz, lengths) if read_reversed else dz)  # to source time
-        dh0s.append(dh0_d)
+    gs, zs = processing_order(g), processing_order(z)
+    h0s = halves(h0, dims.D)
+    ms = [None] * dims.D if m is None else halves(m, dims.D)
+
+    # carry = dz R, or dz (R^T)^T against a transposed copy made once: XLA's GPU backends run
+    # a one-row product along R's rows several times faster than down its columns, while
+    # XLA's CPU runs the transposed form slower (docs/performance.md, "The decomposition").
+    transposed = gpu_form and dims.N == 1
+    R_steps = jnp.swapaxes(R, -1, -2) if transposed else R
+    product = "...nh,...jh->...nj" if transposed else "...nh,...hj->...nj"
+
+    def step(R_d, carry, inputs):
+        dz_k = (inputs["g"] + carry) * activate_grad(desc.activation, inputs["z"])
+        if valid is not None:  # a padded step has no gradient
+            dz_k = jnp.where(inputs["valid"], dz_k, 0)
+        carry_k = jnp.einsum(product, dz_k, R_d, precision=_HIGHEST)
+        if m is not None:
+            carry_k = carry_k * inputs["m"]
+        if valid is not None:  # ... and feeds none back
+            carry_k = jnp.where(inputs["valid"], carry_k, 0)
+        return carry_k, dz_k
+
+    inputs = {"g": gs, "z": zs}
+    if m is not None:
+        inputs["m"] = ms
+    if valid is not None:
+        inputs["valid"] = valid
+    dh0s, dzs = _scan_directions(step, R_steps, [jnp.zeros_like(h0_d) for h0_d in h0s], inputs,
+                                 gpu_form, reverse=True, unroll=unroll)
+    dRs = [_direction_weight_gradient(desc.activation, dz_d, z_d, h0_d, m_d, valid)
+           for dz_d, z_d, h0_d, m_d in zip(dzs, zs, h0s, ms)]
+    dxps = [flip_rows(dz_d, lengths) if read_reversed else dz_d  # to source time
+            for dz_d, (read_reversed, _) in zip(dzs, layouts)]
     dxp = dxps[0] if dims.D == 1 else jnp.concatenate(dxps, axis=-1)
     dR = jnp.stack(dRs) if desc.bidirectional else dRs[0]
     if input_weight is None:

@@ -136,6 +136,22 @@ def test_lowering_for_other_platforms_is_the_decomposition(rng):
     assert "stablehlo.while" in text
 
 
+@pytest.mark.parametrize("platform,loops", [("rocm", 2), ("tpu", 4)])
+def test_decomposition_merges_directions_on_gpus(rng, platform, loops):
+    """A bidirectional forward+backward lowered to the decomposition: on GPUs one scan steps
+    both directions (a loop for the forward, one for the backward), elsewhere one scan per
+    direction (``GPU_FORM_PLATFORMS``)."""
+    inputs = make_inputs(rng, LOOP_T, 3, 3, 5, bidirectional=True)
+    traced = jax.jit(jax.grad(lambda d: jnp.sum(op(**{**inputs, **d}, bidirectional=True)))
+                     ).trace(diff_inputs(inputs))
+    try:
+        text = traced.lower(lowering_platforms=(platform,)).as_text()
+    except TypeError as err:  # pragma: no cover - older/newer jax without the keyword
+        pytest.skip(f"cross-platform lowering unavailable: {err}")
+    assert "jax_sgrnn_" not in text
+    assert text.count("stablehlo.while") == loops
+
+
 def test_portable_lowering_functions_match_the_custom_call(native_backend):
     """What other platforms run (the functions their lowering rule traces) equals the
     CPU custom call, for the forward and for a grouped (G = 2) gradient call."""

@@ -127,23 +127,30 @@ def test_reference_autodiff_at_activation_kinks_follows_spec(act):
     assert_close(list(autodiff), expected)
 
 
+@pytest.mark.parametrize("unroll,gpu_form", [(4, False), (1, True), (4, True)],
+                         ids=["unroll4", "gpu", "unroll4-gpu"])
 @pytest.mark.parametrize("T", [1, 6, 9])
-def test_unrolled_scans_match_one_step_per_iteration(rng, T):
-    """``unroll`` (what the decomposition lowers with) changes the loop, not the result: the
-    forward and the gradient op at 4 steps per iteration against 1, for lengths that are not
-    a multiple of 4 and with lengths and a mask, in float64."""
-    inputs = make_inputs(rng, T, 3, 2, 4, bidirectional=True, mask="float")
-    flags = dict(bidirectional=True, activation="tanh",
-                 seq_lengths=jnp.array([T, 0, max(T - 2, 1)], jnp.int32))
-    forward = {u: jax.jit(lambda i, u=u: ref(**i, **flags, training=True, unroll=u))(inputs)
-               for u in (1, 4)}
-    for a, b in zip(forward[4], forward[1], strict=True):
+@pytest.mark.parametrize("N,bi", [(1, False), (1, True), (3, True)])
+def test_scan_schedules_match_one_scan_per_direction_one_step_per_iteration(rng, N, bi, T,
+                                                                             unroll, gpu_form):
+    """``unroll`` and ``gpu_form`` (what the decomposition lowers with: both directions in
+    one scan; with one row, backward products against a transposed R) change the loops, not
+    the result: the forward and the gradient op against one step per iteration and one scan
+    per direction, for lengths that are not a multiple of 4 and with lengths and a mask, in
+    float64."""
+    inputs = make_inputs(rng, T, N, 2, 4, bidirectional=bi, mask="float")
+    flags = dict(bidirectional=bi, activation="tanh",
+                 seq_lengths=jnp.array([T, 0, max(T - 2, 1)][:N], jnp.int32))
+    schedules = {"one": dict(unroll=1), "other": dict(unroll=unroll, gpu_form=gpu_form)}
+    forward = {k: jax.jit(lambda i, k=k: ref(**i, **flags, training=True, **schedules[k]))(inputs)
+               for k in schedules}
+    for a, b in zip(forward["other"], forward["one"], strict=True):
         assert_close(a, b)
-    y, z = forward[1]
+    y, z = forward["one"]
     dy = random_array(rng, y.shape, y.dtype)
-    grads = {u: jax.jit(lambda i, u=u: jax_sgrnn.reference_gradients(
-        **i, source_gradient=dy, z_state=z, **flags, unroll=u))(inputs) for u in (1, 4)}
-    for a, b in zip(grads[4], grads[1], strict=True):
+    grads = {k: jax.jit(lambda i, k=k: jax_sgrnn.reference_gradients(
+        **i, source_gradient=dy, z_state=z, **flags, **schedules[k]))(inputs) for k in schedules}
+    for a, b in zip(grads["other"], grads["one"], strict=True):
         assert_close(a, b)
 
 
