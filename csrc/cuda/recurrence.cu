@@ -362,15 +362,16 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
   // and what limits each row"). Blocks of several groups would need registers for every row.
   const bool one_group = p.rows <= kGroup;
   T input_ahead[kGroup];
+
+  const StepSignal<T> signal(mem.signals, p.rows, g.H, g.cluster);
+  const bool warp_has_unit = __any_sync(0xffffffffu, p.has_unit);
+  // Every block's buffers are zero, its rows' lengths stored and its mbarriers set up before
+  // any thread reads the lengths or any block writes into the buffers.
+  ClusterBarrier(g.cluster);
   if (one_group && p.owner) {
 #pragma unroll
     for (int r = 0; r < kGroup; ++r) input_ahead[r] = input_at(min(r, p.rows - 1), 0);
   }
-
-  const StepSignal<T> signal(mem.signals, p.rows, g.H, g.cluster);
-  const bool warp_has_unit = __any_sync(0xffffffffu, p.has_unit);
-  // Every block's buffers are zero and its mbarriers set up before any block writes into them.
-  ClusterBarrier(g.cluster);
 
   if (p.owner) {
     for (int b = 0; b < p.rows; ++b) {
@@ -478,6 +479,10 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
   // finds dy_{k-1} and z_{k-2} in registers, and loads dy_{k-2} and z_{k-3}.
   const bool one_group = p.rows <= kGroup;
   T dy_ahead[kGroup], z_ahead_next[kGroup];
+
+  const StepSignal<T> signal(mem.signals, p.rows, g.H, g.cluster);
+  const bool warp_has_unit = __any_sync(0xffffffffu, p.has_unit);
+  ClusterBarrier(g.cluster);  // zeroed buffers, lengths and set-up mbarriers, as in the forward
   if (one_group && p.owner) {
 #pragma unroll
     for (int r = 0; r < kGroup; ++r) {
@@ -486,10 +491,6 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
       z_ahead_next[r] = z_at(b, g.T - 3, length_of(b));
     }
   }
-
-  const StepSignal<T> signal(mem.signals, p.rows, g.H, g.cluster);
-  const bool warp_has_unit = __any_sync(0xffffffffu, p.has_unit);
-  ClusterBarrier(g.cluster);  // zeroed buffers and set-up mbarriers, as in the forward
 
   if (p.owner) {  // dz_{T-1}, and z_{T-2} for the first step
     for (int b = 0; b < p.rows; ++b) {
