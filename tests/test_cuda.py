@@ -75,7 +75,7 @@ def test_batch_splits_and_optional_inputs(rng, pattern, N):
 @requires_gpu
 def test_blocks_of_several_row_groups(rng):
     """N = 1000, H = 128, both directions: 8 rows a block, two groups of 4, in both passes
-    (smaller batches give a block one group, whose inputs the kernels load a step ahead)."""
+    (two blocks share an SM at H = 128, so smaller batches give a block one group)."""
     _check(rng, 5, 1000, 8, 128, jnp.float32, dict(activation="tanh", bidirectional=True))
 
 

@@ -351,27 +351,10 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
   T w[kTile][kSlice];  // rows j of R
   LoadSlice(w, a.R, p, g, false);
 
-  // The projected source of row b at step k (zero at a padded step).
-  const auto input_at = [&](int b, int k) {
-    const StepTimes t = TimesOf(layout, k, length_of(b));
-    return t.valid ? a.source[t.in_time * step + p.Offset(b)] : T(0);
-  };
-  // A block whose rows make one group loads each step's inputs a step ahead, into registers,
-  // so that the loads' latency overlaps a whole step rather than only its products (the
-  // source load was the largest stall of the few-row forwards: docs/performance.md, "Floors,
-  // and what limits each row"). Blocks of several groups would need registers for every row.
-  const bool one_group = p.rows <= kGroup;
-  T input_ahead[kGroup];
-
   const StepSignal<T> signal(mem.signals, p.rows, g.H, g.cluster);
   const bool warp_has_unit = __any_sync(0xffffffffu, p.has_unit);
-  // Every block's buffers are zero, its rows' lengths stored and its mbarriers set up before
-  // any thread reads the lengths or any block writes into the buffers.
+  // Every block's buffers are zero and its mbarriers set up before any block writes into them.
   ClusterBarrier(g.cluster);
-  if (one_group && p.owner) {
-#pragma unroll
-    for (int r = 0; r < kGroup; ++r) input_ahead[r] = input_at(min(r, p.rows - 1), 0);
-  }
 
   if (p.owner) {
     for (int b = 0; b < p.rows; ++b) {
@@ -389,7 +372,7 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
     for (int b0 = 0; warp_has_unit && b0 < p.rows; b0 += kGroup) {
       // The owners read their operands from global memory before the products, which hide the
       // loads' latency (a cp.async ring measured slower: docs/performance.md, "Tried and not
-      // kept"), or a step ahead (one_group).
+      // kept").
       const T* rows[kGroup];
       T input[kGroup], mask_next[kGroup];
       StepTimes times[kGroup];
@@ -399,12 +382,7 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
         rows[r] = current + b * p.exchange_row;
         if (!p.owner) continue;
         times[r] = TimesOf(layout, k, length_of(b));
-        if (one_group) {
-          input[r] = input_ahead[r];
-          if (k + 1 < g.T) input_ahead[r] = input_at(b, k + 1);
-        } else {
-          input[r] = input_at(b, k);
-        }
+        input[r] = times[r].valid ? a.source[times[r].in_time * step + p.Offset(b)] : T(0);
         mask_next[r] = masked && k + 1 < g.T ? *MaskPointer(a.mask, k + 1, p.row0 + b, p.column)
                                              : T(1);
       }
@@ -460,14 +438,12 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
   T w[kTile][kSlice];  // columns j of R
   LoadSlice(w, a.R, p, g, true);
   const auto derivative = [](T z) { return ActivateGrad<A>(z); };
-  // z or dy (`tensor`) at step k of row b (with `length` valid steps), zero for k < 0 and at
-  // padded steps.
-  const auto at = [&](const T* tensor, int b, int k, int length) {
+  // z at step k of row b (with `length` valid steps), zero for k < 0 and at padded steps.
+  const auto z_at = [&](int b, int k, int length) {
     if (k < 0) return T(0);
     const StepTimes t = TimesOf(layout, k, length);
-    return t.valid ? tensor[t.slot * step + p.Offset(b)] : T(0);
+    return t.valid ? a.z[t.slot * step + p.Offset(b)] : T(0);
   };
-  const auto z_at = [&](int b, int k, int length) { return at(a.z, b, k, length); };
   // Stores dz of row b at a step with times t (zero at a padded step) and returns it.
   const auto store_dz = [&](int b, const StepTimes& t, T dz) {
     dz = t.valid ? dz : T(0);
@@ -475,22 +451,9 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
     return dz;
   };
 
-  // As in the forward, a block of one row group loads a step ahead: the step that processes k
-  // finds dy_{k-1} and z_{k-2} in registers, and loads dy_{k-2} and z_{k-3}.
-  const bool one_group = p.rows <= kGroup;
-  T dy_ahead[kGroup], z_ahead_next[kGroup];
-
   const StepSignal<T> signal(mem.signals, p.rows, g.H, g.cluster);
   const bool warp_has_unit = __any_sync(0xffffffffu, p.has_unit);
-  ClusterBarrier(g.cluster);  // zeroed buffers, lengths and set-up mbarriers, as in the forward
-  if (one_group && p.owner) {
-#pragma unroll
-    for (int r = 0; r < kGroup; ++r) {
-      const int b = min(r, p.rows - 1);
-      dy_ahead[r] = at(a.dy, b, g.T - 2, length_of(b));
-      z_ahead_next[r] = z_at(b, g.T - 3, length_of(b));
-    }
-  }
+  ClusterBarrier(g.cluster);  // zeroed buffers and set-up mbarriers, as in the forward
 
   if (p.owner) {  // dz_{T-1}, and z_{T-2} for the first step
     for (int b = 0; b < p.rows; ++b) {
@@ -524,16 +487,9 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
         valid[r] = k < length;
         mask[r] = masked ? *MaskPointer(a.mask, k, p.row0 + b, p.column) : T(1);
         prev[r] = TimesOf(layout, k > 0 ? k - 1 : 0, length);
+        dy[r] = k > 0 && prev[r].valid ? a.dy[prev[r].slot * step + p.Offset(b)] : T(0);
         z[r] = mem.State(b, u);
-        if (one_group) {
-          dy[r] = dy_ahead[r];
-          z_ahead[r] = z_ahead_next[r];
-          dy_ahead[r] = at(a.dy, b, k - 2, length);
-          z_ahead_next[r] = z_at(b, k - 3, length);
-        } else {
-          dy[r] = at(a.dy, b, k - 1, length);
-          z_ahead[r] = z_at(b, k - 2, length);
-        }
+        z_ahead[r] = z_at(b, k - 2, length);
       }
       // Outside the owners' branch, so that the scheduler can interleave it with the products.
 #pragma unroll
