@@ -66,7 +66,7 @@ def test_flag_grid_float64(rng, act, rev, bi, H):
 @requires_gpu
 @pytest.mark.parametrize("pattern", [(False, False, False), (True, False, True),
                                      (False, True, False)])
-@pytest.mark.parametrize("N", [1, 3, 40, 700])  # one row per cluster, groups of 4, many
+@pytest.mark.parametrize("N", [1, 3, 40, 700])  # a row a block; 700: 3 (forward), 2 (backward)
 def test_batch_splits_and_optional_inputs(rng, pattern, N):
     _check(rng, 7, N, 9, 64, jnp.float32, dict(activation="tanh", bidirectional=N % 2 == 0),
            pattern=pattern)
