@@ -136,14 +136,15 @@ def test_lowering_for_other_platforms_is_the_decomposition(rng):
     assert "stablehlo.while" in text
 
 
-@pytest.mark.parametrize("platform,loops", [("rocm", 2), ("tpu", 4)])
+@pytest.mark.parametrize("platform,loops", [("rocm", 2), ("cuda", 2), ("tpu", 4)])
 def test_decomposition_merges_directions_on_gpus(rng, platform, loops):
     """A bidirectional forward+backward lowered to the decomposition: on GPUs one scan steps
     both directions (a loop for the forward, one for the backward), elsewhere one scan per
-    direction (``GPU_FORM_PLATFORMS``)."""
+    direction (``GPU_FORM_PLATFORMS``). For cuda with the CUDA handler off."""
     inputs = make_inputs(rng, LOOP_T, 3, 3, 5, bidirectional=True)
-    traced = jax.jit(jax.grad(lambda d: jnp.sum(op(**{**inputs, **d}, bidirectional=True)))
-                     ).trace(diff_inputs(inputs))
+    with jax_sgrnn.cuda_handler(False):
+        traced = jax.jit(jax.grad(lambda d: jnp.sum(op(**{**inputs, **d}, bidirectional=True)))
+                         ).trace(diff_inputs(inputs))
     try:
         text = traced.lower(lowering_platforms=(platform,)).as_text()
     except TypeError as err:  # pragma: no cover - older/newer jax without the keyword
