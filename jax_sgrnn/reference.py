@@ -247,16 +247,17 @@ def scan_forward(source, recurrent_weight, input_weight, bias, init_state, mask,
             h_k = jnp.where(inputs["valid"], h_k, h)
         return h_k, out_k
 
-    inputs = {"x": [flip_rows(xp_d, lengths) if direction_layout(desc, d)[0] else xp_d
-                    for d, xp_d in enumerate(halves(xp, dims.D))]}
+    layouts = [direction_layout(desc, d) for d in range(dims.D)]
+    inputs = {"x": [flip_rows(xp_d, lengths) if read_reversed else xp_d
+                    for xp_d, (read_reversed, _) in zip(halves(xp, dims.D), layouts)]}
     if m is not None:
         inputs["m"] = halves(m, dims.D)
     if valid is not None:
         inputs["valid"] = valid
     _, outs = _scan_directions(step, R, halves(h0, dims.D), inputs, gpu_form,
                                unroll=unroll)
-    outs = [flip_rows(out_d, lengths) if direction_layout(desc, d)[1] else out_d
-            for d, out_d in enumerate(outs)]
+    outs = [flip_rows(out_d, lengths) if store_flipped else out_d
+            for out_d, (_, store_flipped) in zip(outs, layouts)]
     out = outs[0] if dims.D == 1 else jnp.concatenate(outs, axis=-1)
     if not desc.training:
         return out.astype(dtype)
