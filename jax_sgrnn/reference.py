@@ -148,6 +148,35 @@ def _scan_directions(step, R, init: list, inputs: dict, merge: bool, **scan_opti
     return list(final), [out[:, d] for d in range(len(init))]
 
 
+def contraction_parts(rows: int, H: int, gpu_form: bool) -> int:
+    """Parts to split each step's product's contraction into in ``gpu_form`` (1: unsplit).
+
+    With a few rows (2 to 32) and H >= 1024, XLA's GPU products of one step leave most of the
+    GPU idle; S products over H/S-long slices of the contraction, summed, give it S times the
+    work items and ran the forward scans 1.1-2.1x faster on an H200 (docs/performance.md, "The
+    decomposition"). One row (a matrix-vector product) ran slower split, and slices that are
+    not a multiple of 32 long gained nothing. Slices of 64 or more, at most 16 parts."""
+    if not gpu_form or not 1 < rows <= 32 or H < 1024:
+        return 1
+    return next((s for s in (16, 8, 4, 2) if H % s == 0 and (H // s) % 32 == 0
+                 and H // s >= 64), 1)
+
+
+def split_contraction(w, parts: int):
+    """``w`` ``[..., K, M]``, the right operand of a step's product ``a @ w``, as ``[..., parts,
+    K / parts, M]`` for :func:`split_product`."""
+    return w.reshape(*w.shape[:-2], parts, w.shape[-2] // parts, w.shape[-1])
+
+
+def split_product(a, w_split):
+    """``a @ w`` at full precision over ``a``'s last axis, from ``w``'s
+    :func:`split_contraction`: one product per part (a batch of them), then their sum."""
+    parts, length = w_split.shape[-3:-1]
+    partial_sums = jnp.einsum("...nsk,...skm->...snm", a.reshape(*a.shape[:-1], parts, length),
+                              w_split, precision=_HIGHEST)
+    return partial_sums.sum(axis=-3)
+
+
 def _steps_unsharded(*arrays) -> list:
     """Each ``[T, ...]`` array with its time axis gathered where explicit sharding splits it:
     ``lax.scan`` steps along an axis that every device holds whole."""
@@ -204,8 +233,10 @@ def reference(source, recurrent_weight, input_weight=None, bias=None, init_state
     ``unroll``, the steps per iteration of the scan's loop (``lax.scan``'s own argument), and
     ``gpu_form``, the loops that GPUs run faster, with the same result: a bidirectional
     call's two directions in one scan, one batched product a step, instead of one scan each;
-    and in :func:`reference_gradients`, for a batch of one row, each step's product with a
-    transposed copy of R (a matrix-vector product along R's rows, not down its columns).
+    for 2 to 32 rows and H >= 1024, each step's product split along its contraction
+    (:func:`contraction_parts`); and in :func:`reference_gradients`, for a batch of one row,
+    each step's product with a transposed copy of R (a matrix-vector product along R's rows,
+    not down its columns).
 
     Returns ``y``, or ``(y, z)`` when ``training``. The mask is a constant (no gradient).
     """
@@ -237,9 +268,16 @@ def scan_forward(source, recurrent_weight, input_weight, bias, init_state, mask,
     # The scans' step bodies stay lean (this is what GPUs and TPUs run): the mask and the
     # lengths enter only when given, and each step emits one sequence: y, or z when training
     # (y then follows from z in one elementwise pass, as the backward needs z anyway).
+    # z_k = x_k + (h m) R^T, against R or its transposed split (contraction_parts).
+    parts = contraction_parts(dims.N, dims.H, gpu_form)
+    if parts > 1:
+        R_steps, product = split_contraction(jnp.swapaxes(R, -1, -2), parts), split_product
+    else:
+        R_steps, product = R, functools.partial(jnp.einsum, "...nj,...hj->...nh",
+                                                precision=_HIGHEST)
+
     def step(R_d, h, inputs):
-        z_k = inputs["x"] + jnp.einsum("...nj,...hj->...nh", h if m is None else h * inputs["m"],
-                                       R_d, precision=_HIGHEST)
+        z_k = inputs["x"] + product(h if m is None else h * inputs["m"], R_d)
         h_k = activate(desc.activation, z_k)
         out_k = z_k if desc.training else h_k
         if valid is not None:  # a finished row keeps its state and gives zeros
@@ -254,7 +292,7 @@ def scan_forward(source, recurrent_weight, input_weight, bias, init_state, mask,
         inputs["m"] = halves(m, dims.D)
     if valid is not None:
         inputs["valid"] = valid
-    _, outs = _scan_directions(step, R, halves(h0, dims.D), inputs, gpu_form,
+    _, outs = _scan_directions(step, R_steps, halves(h0, dims.D), inputs, gpu_form,
                                unroll=unroll)
     outs = [flip_rows(out_d, lengths) if store_flipped else out_d
             for out_d, (_, store_flipped) in zip(outs, layouts)]
@@ -344,18 +382,25 @@ def reference_gradients(source, recurrent_weight, source_gradient, z_state, inpu
     h0s = halves(h0, dims.D)
     ms = [None] * dims.D if m is None else halves(m, dims.D)
 
-    # carry = dz R, or dz (R^T)^T against a transposed copy made once: XLA's GPU backends run
-    # a one-row product along R's rows several times faster than down its columns, while
-    # XLA's CPU runs the transposed form slower (docs/performance.md, "The decomposition").
-    transposed = gpu_form and dims.N == 1
-    R_steps = jnp.swapaxes(R, -1, -2) if transposed else R
-    product = "...nh,...jh->...nj" if transposed else "...nh,...hj->...nj"
+    # carry = dz R; split (contraction_parts), or for one row dz (R^T)^T against a transposed
+    # copy made once: XLA's GPU backends run a one-row product along R's rows several times
+    # faster than down its columns, while XLA's CPU runs the transposed form slower
+    # (docs/performance.md, "The decomposition").
+    parts = contraction_parts(dims.N, dims.H, gpu_form)
+    if parts > 1:
+        R_steps, product = split_contraction(R, parts), split_product
+    else:
+        transposed = gpu_form and dims.N == 1
+        R_steps = jnp.swapaxes(R, -1, -2) if transposed else R
+        product = functools.partial(
+            jnp.einsum, "...nh,...jh->...nj" if transposed else "...nh,...hj->...nj",
+            precision=_HIGHEST)
 
     def step(R_d, carry, inputs):
         dz_k = (inputs["g"] + carry) * activate_grad(desc.activation, inputs["z"])
         if valid is not None:  # a padded step has no gradient
             dz_k = jnp.where(inputs["valid"], dz_k, 0)
-        carry_k = jnp.einsum(product, dz_k, R_d, precision=_HIGHEST)
+        carry_k = product(dz_k, R_d)
         if m is not None:
             carry_k = carry_k * inputs["m"]
         if valid is not None:  # ... and feeds none back

@@ -12,6 +12,7 @@ import pytest
 from jax.test_util import check_grads
 
 import jax_sgrnn
+from jax_sgrnn.reference import contraction_parts
 from conftest import (ACTIVATIONS, MASK_KINDS, OPTIONAL_PATTERNS, assert_close, flags_id,
                       make_inputs, out_shape, pattern_id, random_array, ref_jit,
                       spec_numpy_forward)
@@ -130,15 +131,16 @@ def test_reference_autodiff_at_activation_kinks_follows_spec(act):
 @pytest.mark.parametrize("unroll,gpu_form", [(4, False), (1, True), (4, True)],
                          ids=["unroll4", "gpu", "unroll4-gpu"])
 @pytest.mark.parametrize("T", [1, 6, 9])
-@pytest.mark.parametrize("N,bi", [(1, False), (1, True), (3, True)])
-def test_scan_schedules_match_one_scan_per_direction_one_step_per_iteration(rng, N, bi, T,
+@pytest.mark.parametrize("N,bi,H", [(1, False, 4), (1, True, 4), (3, True, 4), (3, True, 1024),
+                                    (2, False, 1024)])
+def test_scan_schedules_match_one_scan_per_direction_one_step_per_iteration(rng, N, bi, H, T,
                                                                              unroll, gpu_form):
     """``unroll`` and ``gpu_form`` (what the decomposition lowers with: both directions in
-    one scan; with one row, backward products against a transposed R) change the loops, not
-    the result: the forward and the gradient op against one step per iteration and one scan
-    per direction, for lengths that are not a multiple of 4 and with lengths and a mask, in
-    float64."""
-    inputs = make_inputs(rng, T, N, 2, 4, bidirectional=bi, mask="float")
+    one scan; with one row, backward products against a transposed R; with a few rows at
+    H = 1024, products split along their contraction) change the loops, not the result: the
+    forward and the gradient op against one step per iteration and one scan per direction,
+    for lengths that are not a multiple of 4 and with lengths and a mask, in float64."""
+    inputs = make_inputs(rng, T, N, 2, H, bidirectional=bi, mask="float")
     flags = dict(bidirectional=bi, activation="tanh",
                  seq_lengths=jnp.array([T, 0, max(T - 2, 1)][:N], jnp.int32))
     schedules = {"one": dict(unroll=1), "other": dict(unroll=unroll, gpu_form=gpu_form)}
@@ -152,6 +154,16 @@ def test_scan_schedules_match_one_scan_per_direction_one_step_per_iteration(rng,
         **i, source_gradient=dy, z_state=z, **flags, **schedules[k]))(inputs) for k in schedules}
     for a, b in zip(grads["other"], grads["one"], strict=True):
         assert_close(a, b)
+
+
+@pytest.mark.parametrize("rows,H,parts", [(3, 1024, 16), (32, 2048, 16), (4, 1536, 16),
+                                           (4, 1280, 8), (2, 1100, 1), (1, 1024, 1),
+                                           (33, 1024, 1), (4, 512, 1)])
+def test_contraction_parts(rows, H, parts):
+    """The GPU form splits a step's product only for 2 to 32 rows at H >= 1024, into slices
+    of a multiple of 32 and at least 64 long, at most 16 of them; never on other platforms."""
+    assert contraction_parts(rows, H, gpu_form=True) == parts
+    assert contraction_parts(rows, H, gpu_form=False) == 1
 
 
 @pytest.mark.parametrize("fn", [op, ref], ids=["op", "reference"])
