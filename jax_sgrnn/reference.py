@@ -148,15 +148,19 @@ def _scan_directions(step, R, init: list, inputs: dict, merge: bool, **scan_opti
     return list(final), [out[:, d] for d in range(len(init))]
 
 
-def contraction_parts(rows: int, H: int, gpu_form: bool) -> int:
+def contraction_parts(rows: int, directions: int, H: int, gpu_form: bool) -> int:
     """Parts to split each step's product's contraction into in ``gpu_form`` (1: unsplit).
 
-    With a few rows (2 to 32) and H >= 1024, XLA's GPU products of one step leave most of the
-    GPU idle; S products over H/S-long slices of the contraction, summed, give it S times the
-    work items and ran the forward scans 1.1-2.1x faster on an H200 (docs/performance.md, "The
-    decomposition"). One row (a matrix-vector product) ran slower split, and slices that are
-    not a multiple of 32 long gained nothing. Slices of 64 or more, at most 16 parts."""
-    if not gpu_form or not 1 < rows <= 32 or H < 1024:
+    With a few rows and H >= 1024, XLA's GPU products of one step leave most of the GPU idle;
+    S products over H/S-long slices of the contraction, summed, give it S times the work
+    items. Measured on an H200 (docs/performance.md, "The decomposition"): both directions
+    in one scan ran 1.9x and 2.1x faster split at 4 and 32 rows, one direction 1.5x faster at 4
+    rows and 14% slower at 32; one row ran 2x slower split, and slices that are not a multiple
+    of 32 long gained nothing. So: 2 to 32 rows with two directions, 2 to 8 with one; slices
+    of 64 or more, a multiple of 32, at most 16 of them."""
+    if not gpu_form or not isinstance(rows, int) or not isinstance(H, int):
+        return 1  # symbolic sizes (shape-polymorphic export) keep the unsplit product
+    if not 1 < rows <= (32 if directions == 2 else 8) or H < 1024:
         return 1
     return next((s for s in (16, 8, 4, 2) if H % s == 0 and (H // s) % 32 == 0
                  and H // s >= 64), 1)
@@ -233,7 +237,7 @@ def reference(source, recurrent_weight, input_weight=None, bias=None, init_state
     ``unroll``, the steps per iteration of the scan's loop (``lax.scan``'s own argument), and
     ``gpu_form``, the loops that GPUs run faster, with the same result: a bidirectional
     call's two directions in one scan, one batched product a step, instead of one scan each;
-    for 2 to 32 rows and H >= 1024, each step's product split along its contraction
+    for a few rows and H >= 1024, each step's product split along its contraction
     (:func:`contraction_parts`); and in :func:`reference_gradients`, for a batch of one row,
     each step's product with a transposed copy of R (a matrix-vector product along R's rows,
     not down its columns).
@@ -269,7 +273,7 @@ def scan_forward(source, recurrent_weight, input_weight, bias, init_state, mask,
     # lengths enter only when given, and each step emits one sequence: y, or z when training
     # (y then follows from z in one elementwise pass, as the backward needs z anyway).
     # z_k = x_k + (h m) R^T, against R or its transposed split (contraction_parts).
-    parts = contraction_parts(dims.N, dims.H, gpu_form)
+    parts = contraction_parts(dims.N, dims.D, dims.H, gpu_form)
     if parts > 1:
         R_steps, product = split_contraction(jnp.swapaxes(R, -1, -2), parts), split_product
     else:
@@ -386,7 +390,7 @@ def reference_gradients(source, recurrent_weight, source_gradient, z_state, inpu
     # copy made once: XLA's GPU backends run a one-row product along R's rows several times
     # faster than down its columns, while XLA's CPU runs the transposed form slower
     # (docs/performance.md, "The decomposition").
-    parts = contraction_parts(dims.N, dims.H, gpu_form)
+    parts = contraction_parts(dims.N, dims.D, dims.H, gpu_form)
     if parts > 1:
         R_steps, product = split_contraction(R, parts), split_product
     else:
