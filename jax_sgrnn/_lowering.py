@@ -136,8 +136,9 @@ def _recurrence_only_gradients(x, R, dy, z, opt: dict, *, config: OpConfig,
 DECOMPOSITION_UNROLL = 4
 
 # Platforms whose decomposition takes the reference's ``gpu_form``: both directions of a
-# bidirectional call in one scan, and one-row backward products against a transposed R
-# (docs/performance.md, "The decomposition"). XLA's CPU runs both slower.
+# bidirectional call in one scan, one-row backward products against a transposed R, and a few
+# rows' products split along their contraction at H >= 1024 (docs/performance.md, "The
+# decomposition"). XLA's CPU runs the first two slower; the split was timed on an H200 only.
 GPU_FORM_PLATFORMS = ("cuda", "rocm")
 
 
