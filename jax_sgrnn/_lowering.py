@@ -138,7 +138,7 @@ DECOMPOSITION_UNROLL = 4
 # Platforms whose decomposition takes the reference's ``gpu_form``: both directions of a
 # bidirectional call in one scan, one-row backward products against a transposed R, and a few
 # rows' products split along their contraction at H >= 1024 (docs/performance.md, "The
-# decomposition"). XLA's CPU runs the first two slower; the split was timed on an H200 only.
+# decomposition"). XLA's CPU runs the first two slower (CPUs run the native handler).
 GPU_FORM_PLATFORMS = ("cuda", "rocm")
 
 
