@@ -156,13 +156,15 @@ def contraction_parts(rows: int, directions: int, H: int, gpu_form: bool) -> int
     items. Measured on an H200 (docs/performance.md, "The decomposition"): both directions
     in one scan ran 1.9x and 2.1x faster split at 4 and 32 rows, one direction 1.5x faster at 4
     rows and 14% slower at 32; one row ran 2x slower split, and slices that are not a multiple
-    of 32 long gained nothing. So: 2 to 32 rows with two directions, 2 to 8 with one; slices
-    of 64 or more, a multiple of 32, at most 16 of them."""
+    of 32 long gained nothing; 32 rows ran best in 8 parts, 4 rows in 16. So: 2 to 32 rows with
+    two directions, 2 to 8 with one; slices of 64 or more, a multiple of 32; at most 16 parts,
+    and at most 256 / rows."""
     if not gpu_form or not isinstance(rows, int) or not isinstance(H, int):
         return 1  # symbolic sizes (shape-polymorphic export) keep the unsplit product
     if not 1 < rows <= (32 if directions == 2 else 8) or H < 1024:
         return 1
-    return next((s for s in (16, 8, 4, 2) if H % s == 0 and (H // s) % 32 == 0
+    most = min(16, 256 // rows)
+    return next((s for s in (16, 8, 4, 2) if s <= most and H % s == 0 and (H // s) % 32 == 0
                  and H // s >= 64), 1)
 
 
@@ -269,9 +271,6 @@ def scan_forward(source, recurrent_weight, input_weight, bias, init_state, mask,
     if bias is not None:
         xp = xp + cast(bias)[None, None]  # same rank: works under jax_numpy_rank_promotion=raise
 
-    # The scans' step bodies stay lean (this is what GPUs and TPUs run): the mask and the
-    # lengths enter only when given, and each step emits one sequence: y, or z when training
-    # (y then follows from z in one elementwise pass, as the backward needs z anyway).
     # z_k = x_k + (h m) R^T, against R or its transposed split (contraction_parts).
     parts = contraction_parts(dims.N, dims.D, dims.H, gpu_form)
     if parts > 1:
@@ -280,6 +279,9 @@ def scan_forward(source, recurrent_weight, input_weight, bias, init_state, mask,
         R_steps, product = R, functools.partial(jnp.einsum, "...nj,...hj->...nh",
                                                 precision=_HIGHEST)
 
+    # The scans' step bodies stay lean (this is what GPUs and TPUs run): the mask and the
+    # lengths enter only when given, and each step emits one sequence: y, or z when training
+    # (y then follows from z in one elementwise pass, as the backward needs z anyway).
     def step(R_d, h, inputs):
         z_k = inputs["x"] + product(h if m is None else h * inputs["m"], R_d)
         h_k = activate(desc.activation, z_k)

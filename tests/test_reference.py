@@ -157,12 +157,12 @@ def test_scan_schedules_match_one_scan_per_direction_one_step_per_iteration(rng,
 
 
 @pytest.mark.parametrize("rows,directions,H,parts", [
-    (3, 2, 1024, 16), (32, 2, 2048, 16), (4, 1, 1536, 16), (8, 1, 1280, 8), (2, 2, 1100, 1),
-    (1, 2, 1024, 1), (33, 2, 1024, 1), (9, 1, 1024, 1), (4, 2, 512, 1)])
+    (3, 2, 1024, 16), (32, 2, 2048, 8), (20, 2, 1024, 8), (4, 1, 1536, 16), (8, 1, 1280, 8),
+    (2, 2, 1100, 1), (1, 2, 1024, 1), (33, 2, 1024, 1), (9, 1, 1024, 1), (4, 2, 512, 1)])
 def test_contraction_parts(rows, directions, H, parts):
     """The GPU form splits a step's product only for a few rows (2 to 32 with two directions,
     2 to 8 with one) at H >= 1024, into slices of a multiple of 32 and at least 64 long, at
-    most 16 of them; never on other platforms."""
+    most 16 of them and at most 256 / rows; never on other platforms."""
     assert contraction_parts(rows, directions, H, gpu_form=True) == parts
     assert contraction_parts(rows, directions, H, gpu_form=False) == 1
 
