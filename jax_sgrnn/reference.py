@@ -183,6 +183,24 @@ def split_product(a, w_split):
     return partial_sums.sum(axis=-3)
 
 
+def step_product(R, transpose: bool, dims: Dims, gpu_form: bool):
+    """Each scan step's product, ``a @ R^T`` (``transpose``: the forward's) or ``a @ R`` (the
+    backward's), as ``(operand, product)``: the scans pass ``operand`` (per direction) and
+    a step computes ``product(a, operand_d)``. In ``gpu_form`` the product is split
+    (:func:`contraction_parts`), or for one row the backward's runs along the rows of a
+    transposed copy of R made once (as the forward's runs along R's): XLA's GPU backends run a
+    one-row product along a matrix's rows several times faster than down its columns, while
+    XLA's CPU runs the transposed form slower (docs/performance.md, "The decomposition")."""
+    parts = contraction_parts(dims.N, dims.D, dims.H, gpu_form)
+    if parts > 1:
+        return split_contraction(jnp.swapaxes(R, -1, -2) if transpose else R, parts), split_product
+    if transpose or (gpu_form and dims.N == 1):  # a @ M^T, M stored: along M's rows
+        operand, spec = (R if transpose else jnp.swapaxes(R, -1, -2)), "...nk,...mk->...nm"
+    else:
+        operand, spec = R, "...nk,...km->...nm"
+    return operand, functools.partial(jnp.einsum, spec, precision=_HIGHEST)
+
+
 def _steps_unsharded(*arrays) -> list:
     """Each ``[T, ...]`` array with its time axis gathered where explicit sharding splits it:
     ``lax.scan`` steps along an axis that every device holds whole."""
@@ -271,13 +289,7 @@ def scan_forward(source, recurrent_weight, input_weight, bias, init_state, mask,
     if bias is not None:
         xp = xp + cast(bias)[None, None]  # same rank: works under jax_numpy_rank_promotion=raise
 
-    # z_k = x_k + (h m) R^T, against R or its transposed split (contraction_parts).
-    parts = contraction_parts(dims.N, dims.D, dims.H, gpu_form)
-    if parts > 1:
-        R_steps, product = split_contraction(jnp.swapaxes(R, -1, -2), parts), split_product
-    else:
-        R_steps, product = R, functools.partial(jnp.einsum, "...nj,...hj->...nh",
-                                                precision=_HIGHEST)
+    R_steps, product = step_product(R, True, dims, gpu_form)  # z_k = x_k + (h m) R^T
 
     # The scans' step bodies stay lean (this is what GPUs and TPUs run): the mask and the
     # lengths enter only when given, and each step emits one sequence: y, or z when training
@@ -388,19 +400,7 @@ def reference_gradients(source, recurrent_weight, source_gradient, z_state, inpu
     h0s = halves(h0, dims.D)
     ms = [None] * dims.D if m is None else halves(m, dims.D)
 
-    # carry = dz R; split (contraction_parts), or for one row dz (R^T)^T against a transposed
-    # copy made once: XLA's GPU backends run a one-row product along R's rows several times
-    # faster than down its columns, while XLA's CPU runs the transposed form slower
-    # (docs/performance.md, "The decomposition").
-    parts = contraction_parts(dims.N, dims.D, dims.H, gpu_form)
-    if parts > 1:
-        R_steps, product = split_contraction(R, parts), split_product
-    else:
-        transposed = gpu_form and dims.N == 1
-        R_steps = jnp.swapaxes(R, -1, -2) if transposed else R
-        product = functools.partial(
-            jnp.einsum, "...nh,...jh->...nj" if transposed else "...nh,...hj->...nj",
-            precision=_HIGHEST)
+    R_steps, product = step_product(R, False, dims, gpu_form)  # carry = dz R
 
     def step(R_d, carry, inputs):
         dz_k = (inputs["g"] + carry) * activate_grad(desc.activation, inputs["z"])
