@@ -119,12 +119,26 @@ def _recurrence_only_gradients(x, R, dy, z, opt: dict, *, config: OpConfig,
     grads = [dz if W is None else jnp.einsum("gtnh,hi->gtni", dz, W, precision=hi),
              dR.reshape(G, *R.shape)]
     if W is not None:
-        grads.append(jnp.einsum("gtnh,gtni->ghi", dz, x, precision=hi))
+        dz_dw = lax.optimization_barrier(dz) if _products_apart(G * T * N) else dz
+        grads.append(jnp.einsum("gtnh,gtni->ghi", dz_dw, x, precision=hi))
     if config.has("bias"):
         grads.append(dz.sum(axis=(1, 2)))
     if has_h0:
         grads.append(dh0)
     return [g.astype(dtype) for g in grads]
+
+
+# Rows (G T N) from which dW's and dR's products run apart. XLA merges the two (they share dz)
+# into one product over [h_prev | x], which a fusion copies together first. On an H200 apart
+# was faster from 12,800 rows (the fewest measured to gain) and slower at 8,000 and 3,200,
+# where the merged product fills the GPU better (docs/performance.md, "What one call runs").
+PRODUCTS_APART_ROWS = 12800
+
+
+def _products_apart(rows) -> bool:
+    """Whether dW's product is kept from merging with dR's (a symbolic size keeps XLA's
+    choice)."""
+    return isinstance(rows, int) and rows >= PRODUCTS_APART_ROWS
 
 
 # Steps per iteration of the decomposition's scans. XLA on GPUs runs each iteration's kernels

@@ -252,3 +252,26 @@ def test_shape_polymorphic_export(native_backend, platform, symbolic):
                 rng.normal(size=(H, I)).astype(np.float32))
         for got, want in zip(exported.call(*args), jax.jit(grad)(*args)):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not CUDA_BUILT, reason="built without the CUDA handler")
+@pytest.mark.parametrize("rows_to_threshold", [-1, 0])
+def test_weight_products_apart_from_the_threshold(monkeypatch, rows_to_threshold):
+    """From PRODUCTS_APART_ROWS rows on, dW's product reads dz through an optimisation barrier,
+    so that XLA does not merge it with dR's (docs/performance.md, "What one call runs"); below,
+    no barrier. The threshold is lowered here to keep the problem small."""
+    from jax_sgrnn import _lowering
+
+    T, N, I, H = 4, 3, 5, 2
+    monkeypatch.setattr(_lowering, "PRODUCTS_APART_ROWS", T * N - rows_to_threshold)
+    x = jax.ShapeDtypeStruct((T, N, I), jnp.float32)
+    R, W = jax.ShapeDtypeStruct((H, H), jnp.float32), jax.ShapeDtypeStruct((H, I), jnp.float32)
+
+    def loss(x, R, W):
+        return jnp.sum(jax_sgrnn.single_gate_rnn(x, R, W, activation="tanh") ** 2)
+
+    module = export.export(jax.jit(jax.grad(loss, argnums=(0, 1, 2))), platforms=["cuda"],
+                           disabled_checks=jax_sgrnn.export_safety_checks())(x, R, W)
+    text = module.mlir_module()
+    assert jax_sgrnn.backends()["cuda"].targets["gradients"] in text
+    assert ("optimization_barrier" in text) == (rows_to_threshold == 0)
