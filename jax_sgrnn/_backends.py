@@ -34,6 +34,8 @@ import jax
 import numpy as np
 from jax._src import config as jax_config  # enum_state: a jit-keyed, env-backed option
 
+from ._spec import known_sizes
+
 __all__ = ["Backend", "backends", "cpu_backend", "cuda_handler", "export_safety_checks",
            "get_cpu_backend", "mps_self_check", "set_cpu_backend", "use_cuda_handler"]
 
@@ -91,7 +93,7 @@ class Backend:
         the handler runs every size; else the decomposition, which is right for any value."""
         if self.runs_on_chip is None:
             return True
-        if not all(isinstance(s, (int, np.integer)) for s in (steps, hidden, batch)):
+        if not known_sizes(steps, hidden, batch):
             return False
         return self.runs_on_chip(steps, hidden, batch, directions,
                                  self.compute_dtype(dtype).itemsize, gradients)

@@ -27,7 +27,7 @@ from ._primitives import OpConfig, forward_p, forward_reference, gradients_p
 from ._primitives import gradients_reference
 from .reference import recurrent_weight_gradient
 from ._sharding import partitioned
-from ._spec import OPERANDS, OPTIONAL_NAMES
+from ._spec import OPERANDS, OPTIONAL_NAMES, known_sizes
 
 
 def _ffi_operands(opt: dict, dtype) -> list:
@@ -138,7 +138,7 @@ PRODUCTS_APART_ROWS = 12800
 def _products_apart(rows) -> bool:
     """Whether dW's product is kept from merging with dR's (a symbolic size keeps XLA's
     choice)."""
-    return isinstance(rows, int) and rows >= PRODUCTS_APART_ROWS
+    return known_sizes(rows) and rows >= PRODUCTS_APART_ROWS
 
 
 # Steps per iteration of the decomposition's scans. XLA on GPUs runs each iteration's kernels
@@ -162,7 +162,7 @@ def _lower_decomposition(ctx, *args, config: OpConfig, decomposition):
     steps (shape-polymorphic export) scans one step per iteration: lax.scan cannot unroll a
     length it does not know."""
     steps = ctx.avals_in[0].shape[-3]
-    unroll = DECOMPOSITION_UNROLL if isinstance(steps, int) else 1
+    unroll = DECOMPOSITION_UNROLL if known_sizes(steps) else 1
     gpu_form = all(p in GPU_FORM_PLATFORMS for p in ctx.module_context.platforms)
     fn = functools.partial(decomposition, config=config, unroll=unroll, gpu_form=gpu_form)
     return mlir.lower_fun(fn, multiple_results=True)(ctx, *args)

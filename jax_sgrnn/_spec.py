@@ -122,6 +122,12 @@ class Dims:
         return (self.T, self.N, self.D * self.H)
 
 
+def known_sizes(*sizes) -> bool:
+    """Whether every size is a known integer, not a symbolic dimension (shape-polymorphic
+    export): choices that depend on a size's value take a default for a symbolic one."""
+    return all(isinstance(s, (int, np.integer)) for s in sizes)
+
+
 FLOAT_DTYPES = (jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64)
 
 

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ._spec import (Activation, Dims, SingleGateRNNDescriptor, as_arrays, compute_dtype,
-                    resolve_descriptor, seq_lengths_operand, spec_of, validate)
+                    known_sizes, resolve_descriptor, seq_lengths_operand, spec_of, validate)
 
 _HIGHEST = lax.Precision.HIGHEST
 
@@ -159,7 +159,7 @@ def contraction_parts(rows: int, directions: int, H: int, gpu_form: bool) -> int
     of 32 long gained nothing; 32 rows ran best in 8 parts, 4 rows in 16. So: 2 to 32 rows with
     two directions, 2 to 8 with one; slices of 64 or more, a multiple of 32; at most 16 parts,
     and at most 256 / rows."""
-    if not gpu_form or not isinstance(rows, int) or not isinstance(H, int):
+    if not gpu_form or not known_sizes(rows, H):
         return 1  # symbolic sizes (shape-polymorphic export) keep the unsplit product
     if not 1 < rows <= (32 if directions == 2 else 8) or H < 1024:
         return 1
