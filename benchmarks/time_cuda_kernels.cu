@@ -4,7 +4,9 @@
 // recurrence (dz and dh0; dR is XLA's product after it), timed with CUDA events: the median
 // of 30 runs after 5 warm-up runs, printed in microseconds a call and a step; then again with
 // the GPU left idle for 1 ms before each run ("waited"), as a caller that waits for each call
-// leaves it, to tell the kernel's cost after idle from the host's share. Also the host's
+// leaves it, to tell the kernel's cost after idle from the host's share; then with L2 emptied
+// before each run ("cold": a memset of a buffer five times L2's size), as in a training step,
+// whose other work evicts the operands a kernel reads from what it last wrote. Also the host's
 // time to do what the forward's FFI handler does before returning (query the device, plan,
 // enqueue the launch), per call over 100 calls.
 //
@@ -48,10 +50,26 @@ float* DeviceRandom(size_t n, std::mt19937& rng, float scale) {
   return device;
 }
 
+// Holds a device buffer whose memset evicts everything from L2.
+struct L2Flush {
+  void* buffer = nullptr;
+  size_t bytes = 0;
+  L2Flush() {
+    int device = 0, l2 = 0;
+    CHECK(cudaGetDevice(&device));
+    CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device));
+    bytes = 5 * static_cast<size_t>(l2);
+    CHECK(cudaMalloc(&buffer, bytes));
+  }
+  ~L2Flush() { cudaFree(buffer); }
+  void operator()() const { CHECK(cudaMemsetAsync(buffer, 1, bytes)); }
+};
+
 // Median microseconds of `launch` over 30 timed runs after 5 untimed ones, each timed run
-// after `idle` of the GPU doing nothing.
+// after `idle` of the GPU doing nothing, and after L2 is emptied where `flush` is given.
 template <typename F>
-double MedianMicroseconds(F&& launch, std::chrono::microseconds idle = {}) {
+double MedianMicroseconds(F&& launch, std::chrono::microseconds idle = {},
+                          const L2Flush* flush = nullptr) {
   cudaEvent_t start, stop;
   CHECK(cudaEventCreate(&start));
   CHECK(cudaEventCreate(&stop));
@@ -59,6 +77,7 @@ double MedianMicroseconds(F&& launch, std::chrono::microseconds idle = {}) {
   std::vector<double> times;
   for (int i = 0; i < 30; ++i) {
     if (idle.count() > 0) std::this_thread::sleep_for(idle);
+    if (flush) (*flush)();
     CHECK(cudaEventRecord(start));
     CHECK(launch());
     CHECK(cudaEventRecord(stop));
@@ -75,7 +94,7 @@ double MedianMicroseconds(F&& launch, std::chrono::microseconds idle = {}) {
 
 constexpr std::chrono::milliseconds kIdle{1};
 
-void TimeShape(int64_t T, int64_t N, int64_t H, std::mt19937& rng) {
+void TimeShape(int64_t T, int64_t N, int64_t H, std::mt19937& rng, const L2Flush& flush) {
   const int64_t D = 1, state = T * N * H;
   const Config c{Activation::kTanh, false, false, true, false, false, true, false, false};
   const Dims d{T, N, H, H, D};
@@ -103,8 +122,10 @@ void TimeShape(int64_t T, int64_t N, int64_t H, std::mt19937& rng) {
     const auto launch = [&] { return LaunchForward<float>(c, d, *plan, fa, nullptr); };
     const double us = MedianMicroseconds(launch);
     const double waited_us = MedianMicroseconds(launch, kIdle);
-    std::printf("  forward %8.1f us, waited %8.1f (%.3f us/step; cluster %lld, rows %lld, %s)",
-                us, waited_us, us / T,
+    const double cold_us = MedianMicroseconds(launch, {}, &flush);
+    std::printf("  forward %8.1f us, waited %8.1f, cold %8.1f (%.3f us/step; cluster %lld, "
+                "rows %lld, %s)",
+                us, waited_us, cold_us, us / T,
                 static_cast<long long>(plan->cluster), static_cast<long long>(plan->rows),
                 plan->wide ? "wide" : "narrow");
     const auto host_start = std::chrono::steady_clock::now();
@@ -123,8 +144,10 @@ void TimeShape(int64_t T, int64_t N, int64_t H, std::mt19937& rng) {
     const auto gradients = [&] {
       return LaunchGradients<float>(c, d, *backward_plan, ga, nullptr);
     };
-    std::printf("  gradients %8.1f us, waited %8.1f (%s)", MedianMicroseconds(gradients),
-                MedianMicroseconds(gradients, kIdle), backward_plan->wide ? "wide" : "narrow");
+    std::printf("  gradients %8.1f us, waited %8.1f, cold %8.1f (%s)",
+                MedianMicroseconds(gradients), MedianMicroseconds(gradients, kIdle),
+                MedianMicroseconds(gradients, {}, &flush),
+                backward_plan->wide ? "wide" : "narrow");
   }
   std::printf("\n");
   for (float* p : {source, R, h0, dy, y, z, dz, dh0}) CHECK(cudaFree(p));
@@ -134,13 +157,14 @@ void TimeShape(int64_t T, int64_t N, int64_t H, std::mt19937& rng) {
 
 int main(int argc, char** argv) {
   std::mt19937 rng(11);
+  const L2Flush flush;
   for (int i = 1; i < argc; ++i) {
     long long T = 0, N = 0, H = 0;
     if (std::sscanf(argv[i], "%lld,%lld,%lld", &T, &N, &H) != 3) {
       std::fprintf(stderr, "shape %s: expected T,N,H\n", argv[i]);
       return 2;
     }
-    TimeShape(T, N, H, rng);
+    TimeShape(T, N, H, rng, flush);
   }
   return 0;
 }

@@ -80,6 +80,18 @@ def test_blocks_of_several_row_groups(rng):
 
 
 @requires_gpu
+@pytest.mark.parametrize("T", [1, 2, 3])
+@pytest.mark.parametrize("H", [64, 256])
+def test_one_row_blocks_at_odd_and_even_step_counts(rng, T, H):
+    """The backward's one-row blocks load each step's operands during the step before, two
+    steps an iteration (RunSteps in recurrence.cu): 1 to 3 steps, both directions, with
+    lengths and a mask, at H = 64 and 256."""
+    lengths = jnp.asarray(rng.integers(0, T + 1, size=3), jnp.int32)
+    _check(rng, T, 3, 5, H, jnp.float32, dict(activation="tanh", bidirectional=True),
+           mask="float", lengths=lengths)
+
+
+@requires_gpu
 @pytest.mark.parametrize("H", [300, 512, 1024])
 def test_sizes_up_to_and_beyond_the_largest_cluster(rng, H):
     _check(rng, 4, 6, 8, H, jnp.float32, dict(activation="tanh", reverse=True))

@@ -326,11 +326,72 @@ struct BlockMemory {
   __device__ T& State(int b, int unit) const { return state[b * units + unit]; }
 };
 
+// Steps ahead of the current one whose dy and z the backward's owners ask L2 for. In a
+// training step both come from HBM (z was written by the forward long before, dy by the work
+// after it), and a load from HBM outlasts a step of the small shapes: with L2 emptied before
+// the kernel, (1000,8,128) ran 774 us without it and 587 with it (2 to 8 steps ahead alike),
+// 554 and 548 with L2 warm. The forward's source is the projection's output, just written and
+// in L2, and the same hint there cost 25-35% of the wide forward (docs/performance.md, "Tried
+// and not kept").
+constexpr int kPrefetchSteps = 4;
+
+// A hint that brings the line holding *p into L2; nothing waits for it.
+template <typename T>
+__device__ inline void PrefetchL2(const T* p) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+}
+
+// Runs the `steps` steps of a kernel, each between the step signal's Begin and End: per group
+// of kGroup rows from b0, load(i, b0, ops, ahead) reads step i's operands from global memory
+// into `ops` and run(i, b0, ops, ahead) does the step's work; `active` is false in warps that
+// hold no unit (they only take part in the signal).
+//
+// With kAhead, a block whose rows make one group (ahead: true) loads each step's operands
+// during the step before, into the other of two register sets, so that the loads' latency
+// overlaps a whole step instead of only its products. The loop is unrolled by two so that each
+// set keeps its registers: a copy from one set to the other would wait for the load. Blocks of
+// several groups (ahead: false) would need a set per group, and their products already hide
+// the loads. Only the backward kernel asks for it: its one-row blocks ran 3-6% faster, while
+// the forward's wide one-group blocks ran 8-10% slower (docs/performance.md, "Tried and not
+// kept"), and its groups of 4 rows spilled registers.
+template <int kGroup, bool kAhead, typename Operands, typename Signal, typename Load,
+          typename Run>
+__device__ __forceinline__ void RunSteps(int steps, int rows, bool active, const Signal& signal,
+                                         Load&& load, Run&& run) {
+  if (kAhead && rows <= kGroup) {
+    Operands ops[2];
+    if (active) load(0, 0, ops[0], std::true_type{});
+    for (int i0 = 0; i0 < steps; i0 += 2) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int i = i0 + j;
+        if (i >= steps) break;
+        signal.Begin(i, steps);
+        if (active) {
+          if (i + 1 < steps) load(i + 1, 0, ops[j ^ 1], std::true_type{});
+          run(i, 0, ops[j], std::true_type{});
+        }
+        signal.End();
+      }
+    }
+    return;
+  }
+  for (int i = 0; i < steps; ++i) {
+    signal.Begin(i, steps);
+    for (int b0 = 0; active && b0 < rows; b0 += kGroup) {
+      Operands ops;
+      load(i, b0, ops, std::false_type{});
+      run(i, b0, ops, std::false_type{});
+    }
+    signal.End();
+  }
+}
+
 // kPlain: no mask and no lengths, so that every row runs all T steps unmasked and the per-step
 // checks for both drop out (the common case). Measured at 1-10% faster forwards.
 //
 // The forward and the backward kernel have the same skeleton (the products, the sums, the
-// hand-over) and differ in what the owners read and do per row. They are written out
+// hand-over, RunSteps) and differ in what the owners read and do per row. They are written out
 // separately: one template with the per-row work in functions ran the forwards markedly slower
 // with the same instructions per step (docs/performance.md, "Floors, and what limits each row").
 //
@@ -366,51 +427,51 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
   }
   ClusterBarrier(g.cluster);
 
-  for (int k = 0; k < g.T; ++k) {
-    signal.Begin(k, g.T);
-    const T* current = mem.Exchange(k) + p.read_offset;
-    for (int b0 = 0; warp_has_unit && b0 < p.rows; b0 += kGroup) {
-      // The owners read their operands from global memory before the products, which hide the
-      // loads' latency (a cp.async ring measured slower: docs/performance.md, "Tried and not
-      // kept").
-      const T* rows[kGroup];
-      T input[kGroup], mask_next[kGroup];
-      StepTimes times[kGroup];
+  // Step k's operands of an owner: its unit's source x_k and mask m_{k+1} for each row.
+  struct Operands {
+    T input[kGroup], mask_next[kGroup];
+  };
+  const auto load = [&](int k, int b0, Operands& o, auto) {
+    if (!p.owner) return;
 #pragma unroll
-      for (int r = 0; r < kGroup; ++r) {
-        const int b = min(b0 + r, p.rows - 1);
-        rows[r] = current + b * p.exchange_row;
-        if (!p.owner) continue;
-        times[r] = TimesOf(layout, k, length_of(b));
-        input[r] = times[r].valid ? a.source[times[r].in_time * step + p.Offset(b)] : T(0);
-        mask_next[r] = masked && k + 1 < g.T ? *MaskPointer(a.mask, k + 1, p.row0 + b, p.column)
-                                             : T(1);
-      }
-      T products[kGroup][kTile], acc[kGroup];
-      SliceProducts(rows, w, products);
-#pragma unroll
-      for (int r = 0; r < kGroup; ++r) acc[r] = SumOverSlices(products[r], g.slices, p.slice);
-      if (!p.owner) continue;
-#pragma unroll
-      for (int r = 0; r < kGroup; ++r) {
-        const int b = b0 + r;
-        if (b >= p.rows) break;
-        const int out = times[r].slot * step + p.Offset(b);
-        T& h = mem.State(b, u);
-        if (times[r].valid) {
-          const T z = input[r] + acc[r];
-          h = Activate<A>(z);
-          a.y[out] = h;
-          if (a.z) a.z[out] = z;
-        } else {  // a finished row keeps its state and gives zeros
-          a.y[out] = T(0);
-          if (a.z) a.z[out] = T(0);
-        }
-        if (k + 1 < g.T) signal.Send(mem.Exchange(k + 1), p.ExchangeIndex(b), h * mask_next[r], k);
-      }
+    for (int r = 0; r < kGroup; ++r) {
+      const int b = min(b0 + r, p.rows - 1);
+      const StepTimes t = TimesOf(layout, k, length_of(b));
+      o.input[r] = t.valid ? a.source[t.in_time * step + p.Offset(b)] : T(0);
+      o.mask_next[r] =
+          masked && k + 1 < g.T ? *MaskPointer(a.mask, k + 1, p.row0 + b, p.column) : T(1);
     }
-    signal.End();
-  }
+  };
+  const auto run = [&](int k, int b0, const Operands& o, auto) {
+    const T* current = mem.Exchange(k) + p.read_offset;
+    const T* rows[kGroup];
+#pragma unroll
+    for (int r = 0; r < kGroup; ++r) rows[r] = current + min(b0 + r, p.rows - 1) * p.exchange_row;
+    T products[kGroup][kTile], acc[kGroup];
+    SliceProducts(rows, w, products);
+#pragma unroll
+    for (int r = 0; r < kGroup; ++r) acc[r] = SumOverSlices(products[r], g.slices, p.slice);
+    if (!p.owner) return;
+#pragma unroll
+    for (int r = 0; r < kGroup; ++r) {
+      const int b = b0 + r;
+      if (b >= p.rows) break;
+      const StepTimes t = TimesOf(layout, k, length_of(b));
+      const int out = t.slot * step + p.Offset(b);
+      T& h = mem.State(b, u);
+      if (t.valid) {
+        const T z = o.input[r] + acc[r];
+        h = Activate<A>(z);
+        a.y[out] = h;
+        if (a.z) a.z[out] = z;
+      } else {  // a finished row keeps its state and gives zeros
+        a.y[out] = T(0);
+        if (a.z) a.z[out] = T(0);
+      }
+      if (k + 1 < g.T) signal.Send(mem.Exchange(k + 1), p.ExchangeIndex(b), h * o.mask_next[r], k);
+    }
+  };
+  RunSteps<kGroup, false, Operands>(g.T, p.rows, warp_has_unit, signal, load, run);
   signal.Finish();
 }
 
@@ -421,9 +482,10 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
 // over all steps, XLA's (jax_sgrnn/_lowering.py).
 //
 // act'(z_{k-1}) does not depend on the carry, so the owners compute it before the products,
-// which hide it, from z_{k-1} read a step ahead into the block's state; computed after the sums
-// it lay on the sequential path of every step (2-5% of the kernel at H >= 256, docs/
-// performance.md, "Floors, and what limits each row").
+// which hide it; computed after the sums it lay on the sequential path of every step (2-5% of
+// the kernel at H >= 256, docs/performance.md, "Floors, and what limits each row"). z_{k-1}
+// comes a step ahead: with the other operands in a block of one row group (RunSteps), else
+// through the block's state, which each step fills with the next step's z.
 template <typename T, Activation A, int kGroup, bool kWide, bool kPlain>
 __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
     BackwardKernel(Config c, Geometry g, GradientArgs<T> a) {
@@ -467,54 +529,71 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
   }
   ClusterBarrier(g.cluster);
 
-  for (int i = 0; i < g.T; ++i) {
+  // Step k's operands of an owner for each row: m_k, dy_{k-1}, z_{k-1}, and z_{k-2} for the
+  // block's state where that carries z.
+  struct Operands {
+    T mask[kGroup], dy[kGroup], z[kGroup], z_ahead[kGroup];
+  };
+  const auto load = [&](int i, int b0, Operands& o, auto ahead) {
     const int k = g.T - 1 - i;
-    signal.Begin(i, g.T);
-    const T* current = mem.Exchange(i) + p.read_offset;
-    for (int b0 = 0; warp_has_unit && b0 < p.rows; b0 += kGroup) {
-      // Step k's mask, dy_{k-1}, act'(z_{k-1}) and z_{k-2}, before the products.
-      const T* rows[kGroup];
-      T mask[kGroup], dy[kGroup], z[kGroup], z_ahead[kGroup], slope[kGroup];
-      StepTimes prev[kGroup];
-      bool valid[kGroup];
 #pragma unroll
-      for (int r = 0; r < kGroup; ++r) {
-        const int b = min(b0 + r, p.rows - 1);
-        rows[r] = current + b * p.exchange_row;
-        z[r] = T(0);
-        if (!p.owner) continue;
-        const int length = length_of(b);
-        valid[r] = k < length;
-        mask[r] = masked ? *MaskPointer(a.mask, k, p.row0 + b, p.column) : T(1);
-        prev[r] = TimesOf(layout, k > 0 ? k - 1 : 0, length);
-        dy[r] = k > 0 && prev[r].valid ? a.dy[prev[r].slot * step + p.Offset(b)] : T(0);
-        z[r] = mem.State(b, u);
-        z_ahead[r] = z_at(b, k - 2, length);
-      }
-      // Outside the owners' branch, so that the scheduler can interleave it with the products.
-#pragma unroll
-      for (int r = 0; r < kGroup; ++r) slope[r] = derivative(z[r]);
-      T products[kGroup][kTile], acc[kGroup];
-      SliceProducts(rows, w, products);
-#pragma unroll
-      for (int r = 0; r < kGroup; ++r) acc[r] = SumOverSlices(products[r], g.slices, p.slice);
+    for (int r = 0; r < kGroup; ++r) {
+      o.z[r] = T(0);
       if (!p.owner) continue;
-#pragma unroll
-      for (int r = 0; r < kGroup; ++r) {
-        const int b = b0 + r;
-        if (b >= p.rows) break;
-        const T carry = valid[r] ? acc[r] * mask[r] : T(0);
-        if (k > 0) {
-          signal.Send(mem.Exchange(i + 1), p.ExchangeIndex(b),
-                      store_dz(b, prev[r], (dy[r] + carry) * slope[r]), i);
-          mem.State(b, u) = z_ahead[r];
-        } else if (a.dh0) {
-          a.dh0[p.Offset(b)] = carry;
+      const int b = min(b0 + r, p.rows - 1);
+      const int length = length_of(b);
+      o.mask[r] = masked ? *MaskPointer(a.mask, k, p.row0 + b, p.column) : T(1);
+      const StepTimes prev = TimesOf(layout, k > 0 ? k - 1 : 0, length);
+      o.dy[r] = k > 0 && prev.valid ? a.dy[prev.slot * step + p.Offset(b)] : T(0);
+      if constexpr (decltype(ahead)::value) {
+        o.z[r] = z_at(b, k - 1, length);
+      } else {
+        o.z[r] = mem.State(b, u);
+        o.z_ahead[r] = z_at(b, k - 2, length);
+      }
+      if (const int f = k - kPrefetchSteps; f > 0) {
+        const StepTimes later = TimesOf(layout, f - 1, length);  // dy and z of step f's load
+        if (later.valid) {
+          PrefetchL2(a.dy + later.slot * step + p.Offset(b));
+          PrefetchL2(a.z + later.slot * step + p.Offset(b));
         }
+        if (masked) PrefetchL2(MaskPointer(a.mask, f, p.row0 + b, p.column));
       }
     }
-    signal.End();
-  }
+  };
+  const auto run = [&](int i, int b0, const Operands& o, auto ahead) {
+    const int k = g.T - 1 - i;
+    const T* current = mem.Exchange(i) + p.read_offset;
+    const T* rows[kGroup];
+    T slope[kGroup];
+    // Outside the owners' branch, so that the scheduler can interleave it with the products.
+#pragma unroll
+    for (int r = 0; r < kGroup; ++r) {
+      rows[r] = current + min(b0 + r, p.rows - 1) * p.exchange_row;
+      slope[r] = derivative(o.z[r]);
+    }
+    T products[kGroup][kTile], acc[kGroup];
+    SliceProducts(rows, w, products);
+#pragma unroll
+    for (int r = 0; r < kGroup; ++r) acc[r] = SumOverSlices(products[r], g.slices, p.slice);
+    if (!p.owner) return;
+#pragma unroll
+    for (int r = 0; r < kGroup; ++r) {
+      const int b = b0 + r;
+      if (b >= p.rows) break;
+      const int length = length_of(b);
+      const T carry = k < length ? acc[r] * o.mask[r] : T(0);
+      if (k > 0) {
+        const StepTimes prev = TimesOf(layout, k - 1, length);
+        signal.Send(mem.Exchange(i + 1), p.ExchangeIndex(b),
+                    store_dz(b, prev, (o.dy[r] + carry) * slope[r]), i);
+        if constexpr (!decltype(ahead)::value) mem.State(b, u) = o.z_ahead[r];
+      } else if (a.dh0) {
+        a.dh0[p.Offset(b)] = carry;
+      }
+    }
+  };
+  RunSteps<kGroup, kGroup == 1, Operands>(g.T, p.rows, warp_has_unit, signal, load, run);
   signal.Finish();
 }
 
