@@ -96,7 +96,11 @@ __device__ inline unsigned SharedAddress(const void* p) {
 // Reuse is safe: a block writes step i + 1's buffer of another block only after it received
 // all of step i's values, each of which its owner sent after its warp had read that buffer for
 // step i - 1 (every warp with a unit holds owners; warps without one skip the products).
-template <typename T>
+//
+// kClustered (the plan's cluster has more than one block) is a template parameter: as a runtime
+// check, the cluster's branches, never taken in one-block kernels, still ran those 16-17%
+// slower ((1000,8,128) forward 412 against 346 us, kernels alone on an H200).
+template <typename T, bool kClustered>
 struct StepSignal {
   uint64_t* arrived;  // [2]: per exchange buffer, in the block's shared memory
   unsigned bytes;     // per use: rows * H values
@@ -106,7 +110,7 @@ struct StepSignal {
   __device__ StepSignal(uint64_t* signals, int rows, int H, int cluster_blocks)
       : arrived(signals), bytes(static_cast<unsigned>(rows * H * sizeof(T))),
         cluster(cluster_blocks) {
-    if (cluster > 1 && threadIdx.x == 0) {
+    if (kClustered && threadIdx.x == 0) {
       for (int b = 0; b < 2; ++b) {
         asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(SharedAddress(arrived + b))
                      : "memory");
@@ -119,62 +123,64 @@ struct StepSignal {
   // through a cluster barrier): wait for the buffer, then thread 0 expects step i + 1's bytes
   // (the mbarrier's previous phase, step i - 1's, is complete: thread 0 waited for it).
   __device__ void Begin(int i, int steps) const {
-    if (cluster == 1) return;
-    if (i >= 1) {
-      const unsigned address = SharedAddress(arrived + (i & 1));
-      const unsigned parity = ((i - 1) >> 1) & 1;
-      asm volatile(
-          "{\n.reg .pred done;\nWAIT_%=:\n"
-          "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
-          "@!done bra WAIT_%=;\n}\n" ::"r"(address),
-          "r"(parity)
-          : "memory");
-    }
-    if (threadIdx.x == 0 && i + 1 < steps) {
-      asm volatile("mbarrier.arrive.expect_tx.relaxed.cta.shared::cta.b64 _, [%0], %1;\n" ::"r"(
-                       SharedAddress(arrived + ((i + 1) & 1))),
-                   "r"(bytes)
-                   : "memory");
+    if constexpr (kClustered) {
+      if (i >= 1) {
+        const unsigned address = SharedAddress(arrived + (i & 1));
+        const unsigned parity = ((i - 1) >> 1) & 1;
+        asm volatile(
+            "{\n.reg .pred done;\nWAIT_%=:\n"
+            "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
+            "@!done bra WAIT_%=;\n}\n" ::"r"(address),
+            "r"(parity)
+            : "memory");
+      }
+      if (threadIdx.x == 0 && i + 1 < steps) {
+        asm volatile(
+            "mbarrier.arrive.expect_tx.relaxed.cta.shared::cta.b64 _, [%0], %1;\n" ::"r"(
+                SharedAddress(arrived + ((i + 1) & 1))),
+            "r"(bytes)
+            : "memory");
+      }
     }
   }
 
   // Writes `value` at `index` of `buffer`, step i + 1's exchange buffer, in every block of the
   // cluster.
   __device__ void Send(T* buffer, int index, T value, int i) const {
-    if (cluster == 1) {
+    if constexpr (!kClustered) {
       buffer[index] = value;
-      return;
-    }
-    const unsigned element = SharedAddress(buffer + index);
-    const unsigned signal = SharedAddress(arrived + ((i + 1) & 1));
-    for (int r = 0; r < cluster; ++r) {
-      unsigned remote_element, remote_signal;
-      asm("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote_element) : "r"(element), "r"(r));
-      asm("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote_signal) : "r"(signal), "r"(r));
-      if constexpr (sizeof(T) == 4) {
-        asm volatile(
-            "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(
-                remote_element),
-            "r"(__float_as_uint(value)), "r"(remote_signal)
-            : "memory");
-      } else {
-        asm volatile(
-            "st.async.shared::cluster.mbarrier::complete_tx::bytes.b64 [%0], %1, [%2];\n" ::"r"(
-                remote_element),
-            "l"(__double_as_longlong(value)), "r"(remote_signal)
-            : "memory");
+    } else {
+      const unsigned element = SharedAddress(buffer + index);
+      const unsigned signal = SharedAddress(arrived + ((i + 1) & 1));
+      for (int r = 0; r < cluster; ++r) {
+        unsigned remote_element, remote_signal;
+        asm("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote_element) : "r"(element), "r"(r));
+        asm("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote_signal) : "r"(signal), "r"(r));
+        if constexpr (sizeof(T) == 4) {
+          asm volatile(
+              "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(
+                  remote_element),
+              "r"(__float_as_uint(value)), "r"(remote_signal)
+              : "memory");
+        } else {
+          asm volatile(
+              "st.async.shared::cluster.mbarrier::complete_tx::bytes.b64 [%0], %1, [%2];\n" ::"r"(
+                  remote_element),
+              "l"(__double_as_longlong(value)), "r"(remote_signal)
+              : "memory");
+        }
       }
     }
   }
 
   // Step i's end: in one block, the barrier that publishes the owners' writes.
   __device__ void End() const {
-    if (cluster == 1) __syncthreads();
+    if constexpr (!kClustered) __syncthreads();
   }
 
   // After the last step: in a cluster, no block leaves while another may still write to it.
   __device__ void Finish() const {
-    if (cluster > 1) ClusterBarrier(cluster);
+    if constexpr (kClustered) ClusterBarrier(cluster);
   }
 };
 
@@ -398,7 +404,7 @@ __device__ __forceinline__ void RunSteps(int steps, int rows, bool active, const
 // Forward, step k = 0, 1, ...: z_k = x_k + (h_{k-1} m_k) R^T, h_k = act(z_k); y and z are
 // stored in the direction's output slot, and the next step reads h_k m_{k+1}. A finished row
 // keeps its state and gives zeros.
-template <typename T, Activation A, int kGroup, bool kWide, bool kPlain>
+template <typename T, Activation A, int kGroup, bool kWide, bool kClustered, bool kPlain>
 __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
     ForwardKernel(Config c, Geometry g, ForwardArgs<T> a) {
   constexpr int kTile = kUnitsPerThread;
@@ -412,7 +418,7 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
   T w[kTile][kSlice];  // rows j of R
   LoadSlice(w, a.R, p, g, false);
 
-  const StepSignal<T> signal(mem.signals, p.rows, g.H, g.cluster);
+  const StepSignal<T, kClustered> signal(mem.signals, p.rows, g.H, g.cluster);
   const bool warp_has_unit = __any_sync(0xffffffffu, p.has_unit);
   // Every block's buffers are zero and its mbarriers set up before any block writes into them.
   ClusterBarrier(g.cluster);
@@ -486,7 +492,7 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
 // the kernel at H >= 256, docs/performance.md, "Floors, and what limits each row"). z_{k-1}
 // comes a step ahead: with the other operands in a block of one row group (RunSteps), else
 // through the block's state, which each step fills with the next step's z.
-template <typename T, Activation A, int kGroup, bool kWide, bool kPlain>
+template <typename T, Activation A, int kGroup, bool kWide, bool kClustered, bool kPlain>
 __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
     BackwardKernel(Config c, Geometry g, GradientArgs<T> a) {
   constexpr int kTile = kUnitsPerThread;
@@ -513,7 +519,7 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
     return dz;
   };
 
-  const StepSignal<T> signal(mem.signals, p.rows, g.H, g.cluster);
+  const StepSignal<T, kClustered> signal(mem.signals, p.rows, g.H, g.cluster);
   const bool warp_has_unit = __any_sync(0xffffffffu, p.has_unit);
   ClusterBarrier(g.cluster);  // zeroed buffers and set-up mbarriers, as in the forward
 
@@ -638,14 +644,20 @@ cudaError_t Launch(void (*kernel)(KernelArgs...), const RecurrencePlan& plan, in
   return err != cudaSuccess ? err : cudaGetLastError();
 }
 
-// Calls f.template operator()<kGroup, kWide>() with the row group the plan's rows call for,
-// and its block width.
+// Calls f.template operator()<kGroup, kWide, kClustered>() with the row group the plan's rows
+// call for, its block width, and whether its cluster has more than one block.
 template <typename F>
 cudaError_t DispatchShape(const RecurrencePlan& plan, F&& f) {
-  if (plan.wide) {
-    return plan.rows >= 3 ? f.template operator()<4, true>() : f.template operator()<1, true>();
+  if (plan.wide) {  // one block holds all H units
+    return plan.rows >= 3 ? f.template operator()<4, true, false>()
+                          : f.template operator()<1, true, false>();
   }
-  return plan.rows >= 3 ? f.template operator()<4, false>() : f.template operator()<1, false>();
+  if (plan.cluster > 1) {
+    return plan.rows >= 3 ? f.template operator()<4, false, true>()
+                          : f.template operator()<1, false, true>();
+  }
+  return plan.rows >= 3 ? f.template operator()<4, false, false>()
+                        : f.template operator()<1, false, false>();
 }
 
 // Calls f.template operator()<kPlain>(): whether the call has neither a mask nor lengths.
@@ -669,15 +681,15 @@ cudaError_t LaunchRecurrence(const Config& c, const Dims& d, const RecurrencePla
   constexpr bool kBackward = std::is_same_v<Args, GradientArgs<T>>;
   const Geometry geometry = GeometryOf(d, plan, sizeof(T));
   return DispatchActivationOf(c.activation, [&]<Activation A>() {
-    return DispatchShape(plan, [&]<int kGroup, bool kWide>() {
+    return DispatchShape(plan, [&]<int kGroup, bool kWide, bool kClustered>() {
       return DispatchPlain(!args.mask.data && !args.seq_lengths, [&]<bool kPlain>() {
         if constexpr (kBackward && kWide) {
           return cudaErrorInvalidConfiguration;  // no backward plan is wide
         } else if constexpr (kBackward) {
-          return Launch(BackwardKernel<T, A, kGroup, kWide, kPlain>, plan, d.D, stream, c,
+          return Launch(BackwardKernel<T, A, kGroup, kWide, kClustered, kPlain>, plan, d.D, stream, c,
                         geometry, args);
         } else {
-          return Launch(ForwardKernel<T, A, kGroup, kWide, kPlain>, plan, d.D, stream, c,
+          return Launch(ForwardKernel<T, A, kGroup, kWide, kClustered, kPlain>, plan, d.D, stream, c,
                         geometry, args);
         }
       });
