@@ -15,8 +15,8 @@
 //   tanh      the kernels' activation (sgrnn/core.h); "tanh.approx" the hardware's
 //             approximation instead (2^-11 relative error, too coarse for float32 results)
 //   global    the source load before the products and the output store after
-// Time: CUDA events, median of 15 runs after 3, N = 8 blocks (one per SM) of T = 1000 steps;
-// cycles a step from clock64 in block 0.
+// Time: CUDA events (cuda_timing.h), N = 8 blocks (one per SM) of T = 1000 steps; cycles a
+// step from clock64 in block 0.
 //
 //   nvcc -std=c++20 -O3 -arch=sm_90 --expt-relaxed-constexpr -Icsrc \
 //     benchmarks/probe_step.cu -o probe_step && ./probe_step
@@ -28,18 +28,10 @@
 #include <random>
 #include <vector>
 
+#include "cuda_timing.h"
 #include "sgrnn/core.h"
 
 namespace {
-
-#define CHECK(call)                                                        \
-  do {                                                                     \
-    const cudaError_t err_ = (call);                                       \
-    if (err_ != cudaSuccess) {                                             \
-      std::fprintf(stderr, "%s: %s\n", #call, cudaGetErrorString(err_)); \
-      std::exit(1);                                                        \
-    }                                                                      \
-  } while (0)
 
 enum Part : int { kBarrier = 1, kShared = 2, kProducts = 4, kShuffles = 8, kTanh = 16,
                   kTanhApprox = 32, kGlobal = 64 };
@@ -146,35 +138,14 @@ struct Buffers {
   long long* cycles;
 };
 
-template <typename F>
-float MedianMicroseconds(F&& launch) {
-  cudaEvent_t start, stop;
-  CHECK(cudaEventCreate(&start));
-  CHECK(cudaEventCreate(&stop));
-  for (int i = 0; i < 3; ++i) launch();
-  std::vector<float> times;
-  for (int i = 0; i < 15; ++i) {
-    CHECK(cudaEventRecord(start));
-    launch();
-    CHECK(cudaEventRecord(stop));
-    CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    CHECK(cudaEventElapsedTime(&ms, start, stop));
-    times.push_back(1000.0f * ms);
-  }
-  std::sort(times.begin(), times.end());
-  CHECK(cudaEventDestroy(start));
-  CHECK(cudaEventDestroy(stop));
-  return times[times.size() / 2];
-}
-
 template <int H, int kTile, int kSlice, int kParts>
 void Time(const Buffers& b, const char* parts) {
   constexpr int threads = H / kSlice * H / kTile;
   const auto kernel = Steps<H, kTile, kSlice, kParts>;
-  const float us = MedianMicroseconds(
-      [&] { kernel<<<kRows, threads>>>(b.R, b.source, b.y, b.cycles); });
-  CHECK(cudaGetLastError());
+  const double us = MedianMicroseconds([&] {
+    kernel<<<kRows, threads>>>(b.R, b.source, b.y, b.cycles);
+    return cudaGetLastError();
+  });
   long long cycles = 0;
   CHECK(cudaMemcpy(&cycles, b.cycles, sizeof(cycles), cudaMemcpyDeviceToHost));
   std::printf("| %d | %d | %d x %d | %s | %.1f | %.3f | %lld |\n", H, threads, kTile, kSlice,
