@@ -7,7 +7,8 @@
 // lengths, directions, clusters), so that the gap between a kernel and this floor is known.
 //
 // A thread holds kSlice entries of each of kTile units' rows of R; S = H / kSlice threads share
-// a tile (as in csrc/cuda/recurrence.cu). Per step and part:
+// a tile (as in csrc/cuda/recurrence.cu), and sums each unit's products in kSplit interleaved
+// chains ("chains a unit"), added at the end. Per step and part:
 //   barrier   each owner stores its unit's state to the other exchange buffer, block barrier
 //   shared    the thread loads its slice of the state (16-byte loads)
 //   products  kTile x kSlice FMAs (without "shared": on a register, no load to wait for)
@@ -44,7 +45,7 @@ __device__ __forceinline__ float HardwareTanh(float x) {
   return y;
 }
 
-template <int H, int kTile, int kSlice, int kParts>
+template <int H, int kTile, int kSlice, int kParts, int kSplit>
 __global__ void __launch_bounds__(H / kSlice * H / kTile)
     Steps(const float* R, const float* source, float* y, long long* cycles) {
   constexpr int S = H / kSlice;
@@ -69,9 +70,12 @@ __global__ void __launch_bounds__(H / kSlice * H / kTile)
   const long long start = clock64();
   for (int k = 0; k < kSteps; ++k) {
     const float input = (kParts & kGlobal) ? source[(k * kRows + row) * H + unit] : 0.0f;
-    float acc[kTile];
+    float acc[kTile], part[kSplit][kTile];
 #pragma unroll
-    for (int q = 0; q < kTile; ++q) acc[q] = (kParts & (kShared | kProducts)) ? 0.0f : h;
+    for (int c = 0; c < kSplit; ++c) {
+#pragma unroll
+      for (int q = 0; q < kTile; ++q) part[c][q] = (kParts & (kShared | kProducts)) ? 0.0f : h;
+    }
     if constexpr ((kParts & kShared) != 0) {
       const float4* current = reinterpret_cast<const float4*>(exchange[k & 1] + slice * kStride);
 #pragma unroll
@@ -83,9 +87,9 @@ __global__ void __launch_bounds__(H / kSlice * H / kTile)
 #pragma unroll
           for (int q = 0; q < kTile; ++q) {
             if (kParts & kProducts) {
-              acc[q] += e[j] * w[q][v * 4 + j];
+              part[v % kSplit][q] += e[j] * w[q][v * 4 + j];
             } else if (v == 0 && j == 0) {
-              acc[q] += e[j];
+              part[0][q] += e[j];
             }
           }
         }
@@ -94,9 +98,19 @@ __global__ void __launch_bounds__(H / kSlice * H / kTile)
 #pragma unroll
       for (int i = 0; i < kSlice; ++i) {
 #pragma unroll
-        for (int q = 0; q < kTile; ++q) acc[q] += h * w[q][i];
+        for (int q = 0; q < kTile; ++q) part[(i / 4) % kSplit][q] += h * w[q][i];
       }
     }
+#pragma unroll
+    for (int width = kSplit / 2; width > 0; width /= 2) {
+#pragma unroll
+      for (int c = 0; c < width; ++c) {
+#pragma unroll
+        for (int q = 0; q < kTile; ++q) part[c][q] += part[c + width][q];
+      }
+    }
+#pragma unroll
+    for (int q = 0; q < kTile; ++q) acc[q] = part[0][q];
     float total = acc[0];
     if constexpr ((kParts & kShuffles) != 0) {
       int offset = S / 2;
@@ -138,34 +152,43 @@ struct Buffers {
   long long* cycles;
 };
 
-template <int H, int kTile, int kSlice, int kParts>
+template <int H, int kTile, int kSlice, int kParts, int kSplit = 1>
 void Time(const Buffers& b, const char* parts) {
   constexpr int threads = H / kSlice * H / kTile;
-  const auto kernel = Steps<H, kTile, kSlice, kParts>;
+  const auto kernel = Steps<H, kTile, kSlice, kParts, kSplit>;
   const double us = MedianMicroseconds([&] {
     kernel<<<kRows, threads>>>(b.R, b.source, b.y, b.cycles);
     return cudaGetLastError();
   });
   long long cycles = 0;
   CHECK(cudaMemcpy(&cycles, b.cycles, sizeof(cycles), cudaMemcpyDeviceToHost));
-  std::printf("| %d | %d | %d x %d | %s | %.1f | %.3f | %lld |\n", H, threads, kTile, kSlice,
-              parts, us, us / kSteps, cycles / kSteps);
+  std::printf("| %d | %d | %d x %d | %d | %s | %.1f | %.3f | %lld |\n", H, threads, kTile, kSlice,
+              kSplit, parts, us, us / kSteps, cycles / kSteps);
 }
 
 // Each part added to the ones before, then the whole step without its barrier (wrong results:
 // the barrier's own share).
-template <int H, int kTile, int kSlice>
+template <int H, int kTile, int kSlice, int kSplit = 1>
 void TimeLayout(const Buffers& b) {
   constexpr int kChain = kBarrier | kShared | kProducts | kShuffles;
-  Time<H, kTile, kSlice, kBarrier>(b, "barrier");
-  Time<H, kTile, kSlice, kBarrier | kShared>(b, "+ shared");
-  Time<H, kTile, kSlice, kBarrier | kProducts>(b, "barrier + products (no shared)");
-  Time<H, kTile, kSlice, kBarrier | kShared | kProducts>(b, "+ shared + products");
-  Time<H, kTile, kSlice, kChain>(b, "+ shuffles");
-  Time<H, kTile, kSlice, kChain | kTanhApprox>(b, "+ tanh.approx");
-  Time<H, kTile, kSlice, kChain | kTanh>(b, "+ tanh");
-  Time<H, kTile, kSlice, kChain | kTanh | kGlobal>(b, "+ global: whole step");
-  Time<H, kTile, kSlice, (kChain & ~kBarrier) | kTanh | kGlobal>(b, "whole step, no barrier");
+  Time<H, kTile, kSlice, kBarrier, kSplit>(b, "barrier");
+  Time<H, kTile, kSlice, kBarrier | kShared, kSplit>(b, "+ shared");
+  Time<H, kTile, kSlice, kBarrier | kProducts, kSplit>(b, "barrier + products (no shared)");
+  Time<H, kTile, kSlice, kBarrier | kShared | kProducts, kSplit>(b, "+ shared + products");
+  Time<H, kTile, kSlice, kChain, kSplit>(b, "+ shuffles");
+  Time<H, kTile, kSlice, kChain | kTanhApprox, kSplit>(b, "+ tanh.approx");
+  Time<H, kTile, kSlice, kChain | kTanh, kSplit>(b, "+ tanh");
+  Time<H, kTile, kSlice, kChain | kTanh | kGlobal, kSplit>(b, "+ global: whole step");
+  Time<H, kTile, kSlice, (kChain & ~kBarrier) | kTanh | kGlobal, kSplit>(b,
+                                                                       "whole step, no barrier");
+}
+
+// The whole step alone, and its products and shared loads alone (with the barrier).
+template <int H, int kTile, int kSlice, int kSplit>
+void TimeStep(const Buffers& b) {
+  constexpr int kChain = kBarrier | kShared | kProducts | kShuffles;
+  Time<H, kTile, kSlice, kBarrier | kShared | kProducts, kSplit>(b, "barrier + shared + products");
+  Time<H, kTile, kSlice, kChain | kTanh | kGlobal, kSplit>(b, "whole step");
 }
 
 }  // namespace
@@ -189,16 +212,24 @@ int main() {
   CHECK(cudaMalloc(&b.cycles, kRows * sizeof(long long)));
   CHECK(cudaMemcpy(b.R, host.data(), kMaxH * kMaxH * sizeof(float), cudaMemcpyHostToDevice));
   CHECK(cudaMemcpy(b.source, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
-  std::printf("| H | threads | units x entries | parts | us | us/step | cycles/step |\n");
-  std::printf("|---:|---:|---|---|---:|---:|---:|\n");
+  std::printf("| H | threads | units x entries | chains a unit | parts | us | us/step | cycles/step |\n");
+  std::printf("|---:|---:|---|---:|---|---:|---:|---:|\n");
   TimeLayout<128, 4, 32>(b);  // the wide forward block at H = 128
-  TimeLayout<128, 4, 16>(b);
-  TimeLayout<128, 4, 8>(b);
-  TimeLayout<128, 2, 32>(b);
-  TimeLayout<128, 2, 16>(b);
+  TimeStep<128, 4, 32, 2>(b);   // ... with two chains a unit
+  TimeStep<128, 4, 32, 4>(b);
+  TimeLayout<128, 2, 64, 2>(b);  // two slices: one shuffle
+  TimeStep<128, 2, 64, 4>(b);
+  TimeLayout<128, 1, 128, 4>(b);  // a whole row of R a thread: no shuffles
+  TimeStep<128, 1, 128, 8>(b);
+  TimeStep<128, 4, 16, 1>(b);
+  TimeStep<128, 2, 32, 2>(b);
   TimeLayout<64, 4, 16>(b);  // the wide forward block at H = 64 (without its zero half)
-  TimeLayout<64, 4, 8>(b);
-  TimeLayout<64, 2, 8>(b);
+  TimeStep<64, 4, 16, 2>(b);
+  TimeStep<64, 2, 32, 2>(b);
+  TimeStep<64, 1, 64, 4>(b);
+  TimeStep<64, 4, 8, 1>(b);
+  TimeStep<64, 2, 16, 2>(b);
+  TimeStep<64, 1, 32, 4>(b);
   CHECK(cudaFree(b.R));
   CHECK(cudaFree(b.source));
   CHECK(cudaFree(b.y));
