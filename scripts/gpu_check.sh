@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# On a machine with an sm_90 GPU, nvcc, jax[cuda] and PyTorch: builds the package from this
+# checkout, runs the GPU tests, compute-sanitizer over the kernels and the five-shape tables, in
+# that order, each step's log under $LOGS (default /tmp/sgrnn_gpu_check). The tests run on the
+# GPU only with JAX_PLATFORMS naming cuda (the suite defaults to the CPU), and serially: each
+# pytest-xdist worker would take 75% of the GPU's memory at start and fail its collection.
+# Python runs with -P, so that `import jax_sgrnn` finds the installed package (with its native
+# modules), not the source folder of the current directory.
+#   PIP_INSTALL   how to install the package (default: pip install --no-build-isolation --no-deps)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+LOGS="${LOGS:-/tmp/sgrnn_gpu_check}"
+mkdir -p "$LOGS"
+export PYTHONUNBUFFERED=1
+status=0
+python3 -m pip install -q ${PIP_INSTALL:---no-build-isolation --no-deps} . > "$LOGS/build.log" 2>&1 ||
+  { echo "build failed: $LOGS/build.log"; exit 1; }
+python3 -P -c "import jax_sgrnn, sys; sys.exit(not jax_sgrnn.backends()['cuda'].available)" ||
+  { echo "the CUDA handler is not available"; exit 1; }
+JAX_PLATFORMS=cuda,cpu python3 -P -m pytest -q -p no:cacheprovider tests/test_cuda.py \
+  > "$LOGS/test_cuda.log" 2>&1 || status=1
+tail -n 1 "$LOGS/test_cuda.log"
+scripts/sanitize_cuda.sh > "$LOGS/sanitize.log" 2>&1 || status=1
+grep -E "SUMMARY|failures" "$LOGS/sanitize.log"
+python3 benchmarks/bench_gpu.py --tables float32 --repeats 7 --calls 20 2>&1 | tee "$LOGS/bench.log"
+exit $status
