@@ -8,7 +8,7 @@
 // units between them. Per step a cluster exchanges the new state through (distributed) shared
 // memory and meets at one barrier. The forward and the backward recurrence have the same
 // shape of work (the backward's dR is one product after it, XLA's), so their plans differ only
-// where measured speeds did: wide blocks are the forward's alone (Pass).
+// where measured speeds did: which of them run wide blocks (Pass).
 #ifndef JAX_SGRNN_CUDA_RECURRENCE_PLAN_H_
 #define JAX_SGRNN_CUDA_RECURRENCE_PLAN_H_
 
@@ -26,8 +26,8 @@ namespace sgrnn::cuda {
 inline constexpr int64_t kUnitsPerThread = 4;
 
 // Entries of R each thread keeps in registers: 256 bytes (64 floats). With __launch_bounds__
-// of kMaxThreads each thread may use 128 registers, which these fit. Wide blocks (the
-// forward's; at most kWideThreads threads, so up to 255 registers each) keep twice as many: for
+// of kMaxThreads each thread may use 128 registers, which these fit. Wide blocks (at most
+// kWideThreads threads, so up to 255 registers each) keep twice as many: for
 // hidden sizes that one such block holds whole, fewer threads do the same products, with fewer
 // warp shuffles and the per-unit step work spread over fewer warps. The slice is what a thread
 // holds of each of its units: those entries over kUnitsPerThread.
@@ -38,9 +38,11 @@ inline constexpr int64_t SliceLength(int64_t element_bytes, bool wide) {
 // that one warp reads at once sit in different shared-memory banks.
 inline constexpr int64_t SlicePadding(int64_t element_bytes) { return 16 / element_bytes; }
 
-// Which kernel a plan is for. Wide blocks ran the forward faster and the backward slower than
-// narrow ones at H = 128 on an H200 (docs/performance.md, "Floors, and what limits each
-// row"), so only the forward uses them.
+// Which kernel a plan is for. The forward runs a wide block wherever one holds all H units;
+// the backward only where the wide block's slices pad R's rows no more than the narrow
+// block's: at H = 64 (float32) half of a wide slice is zeros, and there the narrow backward
+// ran about 10% faster at (3000,1,64), while at H = 100 and 128 the wide one ran 6-8% faster
+// (kernels alone, an H100; docs/performance.md, "Floors, and what limits each row").
 enum class Pass { kForward, kBackward };
 
 inline constexpr int64_t kMaxThreads = 512;
@@ -101,12 +103,14 @@ inline std::optional<RecurrencePlan> BlockShape(int64_t H, int64_t element_bytes
   };
   const int64_t wide_slice = SliceLength(element_bytes, true);
   const int64_t wide_slices = SlicesFor(H, wide_slice);
-  if (pass == Pass::kForward && threads_for(H, wide_slices) <= kWideThreads) {
+  const int64_t slice = SliceLength(element_bytes, false);
+  const int64_t slices = SlicesFor(H, slice);
+  const bool wide_pads_more = wide_slices * wide_slice > slices * slice;
+  if (threads_for(H, wide_slices) <= kWideThreads &&
+      (pass == Pass::kForward || !wide_pads_more)) {
     return RecurrencePlan{wide_slice, wide_slices, 1, H, threads_for(H, wide_slices), 0, 0, 0,
                           true};
   }
-  const int64_t slice = SliceLength(element_bytes, false);
-  const int64_t slices = SlicesFor(H, slice);
   if (slices > 32) return std::nullopt;
   for (int64_t cluster = 1; cluster <= kMaxCluster; cluster *= 2) {
     const int64_t units = (H + cluster - 1) / cluster;

@@ -26,8 +26,8 @@ std::string Named(Pass pass) { return pass == Pass::kForward ? " forward" : " ba
 
 // Every block shape covers all H units, with each unit's slices summing over all of R's row
 // and at least one slice per unit of a tile, whole warps, and within the kernels' limits. Both
-// passes fit at the same sizes (one lowering decision covers both), and only the forward's
-// blocks are wide.
+// passes fit at the same sizes (one lowering decision covers both), and a backward block is
+// wide only where its slices pad R's rows no more than a narrow block's would.
 void BlockShapesCoverEveryUnit() {
   constexpr int64_t tile = kUnitsPerThread;
   for (int64_t bytes : {4, 8}) {
@@ -39,7 +39,10 @@ void BlockShapesCoverEveryUnit() {
         const std::optional<RecurrencePlan> p = BlockShape(H, bytes, pass);
         const std::string what = Case(H, bytes) + Named(pass);
         if (!p) continue;
-        Check(pass == Pass::kForward || !p->wide, what + ": only the forward's blocks are wide");
+        const int64_t narrow_slice = SliceLength(bytes, false);
+        Check(pass == Pass::kForward || !p->wide ||
+                  p->slices * p->slice <= SlicesFor(H, narrow_slice) * narrow_slice,
+              what + ": a wide backward block pads no more than a narrow one");
         Check(p->slice == SliceLength(bytes, p->wide), what + ": slice");
         Check(p->slice * tile * bytes == 256 * (p->wide ? 2 : 1), what + ": bytes of R per thread");
         Check(!p->wide || (p->cluster == 1 && p->units == H && p->slices <= 2 * tile),
@@ -69,10 +72,11 @@ void OnChipLimits() {
   Check(forward(128)->cluster == 1, "H=128: one block");
   Check(forward(128)->wide && forward(128)->slices == 4 && forward(128)->threads == 128,
         "H=128 forward: a wide block, four threads per tile of four units");
-  const std::optional<RecurrencePlan> backward = BlockShape(128, 4, Pass::kBackward);
-  Check(backward && backward->cluster == 1 && !backward->wide && backward->slices == 8 &&
-            backward->threads == 256,
-        "H=128 backward: one narrow block, eight threads per tile");
+  const auto backward = [](int64_t H) { return BlockShape(H, 4, Pass::kBackward); };
+  Check(backward(128)->wide && backward(128)->slices == 4 && backward(100)->wide,
+        "H=128 and H=100 backward: a wide block");
+  Check(forward(64)->wide && !backward(64)->wide && backward(64)->slices == 4,
+        "H=64: the forward's block is wide, the backward's narrow (a wide one pads half)");
   Check(!forward(129)->wide, "H=129: not wide");
   Check(forward(256)->cluster == 2, "H=256: clusters of 2");
   Check(forward(512)->cluster == 8, "H=512: clusters of 8");
