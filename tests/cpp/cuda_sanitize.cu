@@ -135,6 +135,7 @@ int main() {
   std::mt19937 rng(7);
   const Case cases[] = {
       {6, 8, 128, false, false, false, false, true},  // wide blocks, one row each
+      {4, 1000, 100, true, false, false, false, true},  // wide blocks of two groups of 4 rows
       {5, 5000, 37, false, true, true, true, true},   // several groups of 4 rows a block
                                                       // (10 forward, 5 backward), H off the
                                                       // slice size
