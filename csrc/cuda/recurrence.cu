@@ -253,7 +253,7 @@ struct Place {
   int tile_units;  // the tile's units below H and in this block (0 to kTile)
   int unit_in_block;  // the unit this thread owns after the sums (OwnUnit), within the block
   int unit;  // ... and within the direction
-  bool has_unit, owner;  // has_unit: the tile holds a unit; owner: this thread owns one
+  bool has_unit, in_unit, owner;  // the tile holds a unit; OwnUnit is one; this thread owns it
   int column;      // d*H + j in [*, D*H] tensors
   int row_stride;  // D*H
   int first;       // row0's element of this column in [N, D*H]
@@ -273,7 +273,8 @@ struct Place {
     unit_in_block = tile_in_block + own;
     unit = tile_first + own;
     has_unit = tile_units > 0;
-    owner = own < tile_units && slice % (g.slices / kTile) == 0;
+    in_unit = own < tile_units;
+    owner = in_unit && slice % (g.slices / kTile) == 0;
     column = direction * g.H + unit;
     row_stride = g.D * g.H;
     first = row0 * row_stride + column;
@@ -544,19 +545,18 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
   struct Operands {
     T mask[kGroup], dy[kGroup], z[kGroup], z_ahead[kGroup];
   };
-  const bool in_unit = p.unit_in_block - p.tile_in_block < p.tile_units;
   const auto load = [&](int i, int b0, Operands& o, auto ahead) {
     const int k = g.T - 1 - i;
 #pragma unroll
     for (int r = 0; r < kGroup; ++r) {
       const int b = min(b0 + r, p.rows - 1);
       const int length = length_of(b);
-      const int at = in_unit ? p.Offset(b) : 0;
+      const int at = p.in_unit ? p.Offset(b) : 0;
       o.mask[r] = masked && p.owner ? *MaskPointer(a.mask, k, p.row0 + b, p.column) : T(1);
       // dy_{k-1} and z_{k-1} share their slot.
       const StepTimes prev = TimesOf(layout, max(k - 1, 0), length);
       const bool has_prev = p.owner && k > 0 && prev.valid;
-      const int prev_at = in_unit ? prev.slot * step + at : 0;
+      const int prev_at = p.in_unit ? prev.slot * step + at : 0;
       const T dy = a.dy[prev_at], z = a.z[prev_at];
       o.dy[r] = has_prev ? dy : T(0);
       if constexpr (decltype(ahead)::value) {
@@ -564,7 +564,7 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
       } else {
         o.z[r] = p.owner ? mem.State(b, u) : T(0);
         const StepTimes next = TimesOf(layout, max(k - 2, 0), length);
-        const T z_next = a.z[in_unit ? next.slot * step + at : 0];
+        const T z_next = a.z[p.in_unit ? next.slot * step + at : 0];
         o.z_ahead[r] = p.owner && k > 1 && next.valid ? z_next : T(0);
       }
       // dy and z of step f = k - kPrefetchSteps's load. Blocks of one row group ask only for
@@ -573,7 +573,7 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
       const int f = k - kPrefetchSteps;
       const StepTimes later = TimesOf(layout, max(f - 1, 0), length);
       if (!decltype(ahead)::value || (p.owner && f > 0 && later.valid)) {
-        const int later_at = in_unit ? later.slot * step + at : 0;
+        const int later_at = p.in_unit ? later.slot * step + at : 0;
         PrefetchL2(a.dy + later_at);
         PrefetchL2(a.z + later_at);
       }
