@@ -189,8 +189,13 @@ struct StepSignal {
 // OwnUnit(slice, S) of the tile. The first log2(kTile) rounds halve the values each lane keeps
 // (a lane whose bit `offset` is set keeps the upper half and sends the lower), so a tile of 4
 // costs 3 shuffles where summing each unit alone would cost 4 log2(S); the rest add one value.
-template <int kTile, typename T>
+// kFixedSlices, where not 0, is S (FixedSlices): the shuffles' offsets and lanes are then
+// constants and no check for further rounds sits on the step's path (6-7% of the wide
+// forwards, kernels alone on an H100). The further rounds stay a loop: unrolled, they cost the
+// narrow backwards 9-10%.
+template <int kTile, int kFixedSlices, typename T>
 __device__ inline T SumOverSlices(T (&v)[kTile], int slices, int slice) {
+  if constexpr (kFixedSlices != 0) slices = kFixedSlices;
   int offset = slices / 2;
 #pragma unroll
   for (int n = kTile; n > 1; n /= 2, offset /= 2) {
@@ -311,7 +316,8 @@ template <typename T>
 struct BlockMemory {
   uint64_t* signals;  // kSignalBytes: StepSignal's two mbarriers
   T* exchange;  // two buffers of Geometry::exchange elements: step i reads buffer i & 1
-  T* state;     // [rows][units]: per owner and row, the forward's h, the backward's next z
+  T* state;  // [rows][units]: per owner and row, the forward's h (kept by finished rows; a
+             // plain call's stays h0), the backward's next z
   int32_t* length;  // [rows]: each row's valid steps
   int exchange_elements, units;
 
@@ -354,33 +360,31 @@ __device__ inline void PrefetchL2(const T* p) {
 // hold no unit (they only take part in the signal).
 //
 // With kAhead, a block whose rows make one group (ahead: true) loads each step's operands
-// during the step before, into the other of two register sets, so that the loads' latency
-// overlaps a whole step instead of only its products. The loop is unrolled by two so that each
-// set keeps its registers: a copy from one set to the other would wait for the load. Blocks of
-// several groups (ahead: false) would need a set per group, and their products already hide
-// the loads. Only the backward kernel asks for it: its one-row blocks ran 3-6% faster, while
-// the forward's wide one-group blocks ran 8-10% slower (docs/performance.md, "Tried and not
-// kept"), and its groups of 4 rows spilled registers.
+// during the step before, into a second register set that becomes the current one at the
+// step's end, so that the loads' latency overlaps a whole step instead of only its products.
+// Blocks of several groups (ahead: false) would need a set per group, and their products
+// already hide the loads. Both kernels ask for it in one-row blocks: the backward's ran 3-27%
+// faster so than with two register sets and the loop unrolled by two (which avoided the copy),
+// the wide forwards 15-16% faster than without (kernels alone, an H100). Clustered forwards
+// ran 4-5% slower with it, so the forward asks only for wide blocks.
 template <int kGroup, bool kAhead, typename Operands, typename Signal, typename Load,
           typename Run>
 __device__ __forceinline__ void RunSteps(int steps, int rows, bool active, const Signal& signal,
                                          Load&& load, Run&& run) {
   if (kAhead && rows <= kGroup) {
-    Operands ops[2];
-    if (active) load(0, 0, ops[0], std::true_type{});
-    for (int i0 = 0; i0 < steps; i0 += 2) {
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int i = i0 + j;
-        if (i >= steps) break;
-        signal.Begin(i, steps);
-        if (active) {
-          // The last step loads its own operands again rather than branch.
-          load(min(i + 1, steps - 1), 0, ops[j ^ 1], std::true_type{});
-          run(i, 0, ops[j], std::true_type{});
-        }
-        signal.End();
+    Operands current, next;
+    if (active) load(0, 0, current, std::true_type{});
+    for (int i = 0; i < steps; ++i) {
+      signal.Begin(i, steps);
+      if (active) {
+        // The last step loads its own operands again rather than branch.
+        load(min(i + 1, steps - 1), 0, next, std::true_type{});
+        run(i, 0, current, std::true_type{});
+        // After the step's work, a whole step after the loads were issued: the copy waits for
+        // them only if they took longer than that.
+        current = next;
       }
+      signal.End();
     }
     return;
   }
@@ -411,6 +415,7 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
     ForwardKernel(Config c, Geometry g, ForwardArgs<T> a) {
   constexpr int kTile = kUnitsPerThread;
   constexpr int kSlice = SliceLength(sizeof(T), kWide);
+  constexpr int kFixedSlices = FixedSlices(sizeof(T), kWide);
   const Place<kSlice, kTile> p(g);
   const BlockMemory<T> mem(g, p, a.seq_lengths);
   const DirectionLayout layout = LayoutOf(c, p.direction);
@@ -435,19 +440,27 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
   }
   ClusterBarrier(g.cluster);
 
-  // Step k's operands of an owner: its unit's source x_k and mask m_{k+1} for each row.
+  // Step k's operands of a unit: its source x_k and mask m_{k+1} for each row. In wide blocks
+  // every lane of a unit reads with its owner and does the step's work with it (lanes past H
+  // read element 0), and only owners store: the owners' branch around that work cost the wide
+  // forwards 2-4%, while narrow ones, with several lanes a unit, ran 2-7% slower without it.
+  const bool works = kWide || p.owner;
   struct Operands {
     T input[kGroup], mask_next[kGroup];
   };
   const auto load = [&](int k, int b0, Operands& o, auto) {
-    if (!p.owner) return;
 #pragma unroll
     for (int r = 0; r < kGroup; ++r) {
       const int b = min(b0 + r, p.rows - 1);
       const StepTimes t = TimesOf(layout, k, length_of(b));
-      o.input[r] = t.valid ? a.source[t.in_time * step + p.Offset(b)] : T(0);
-      o.mask_next[r] =
-          masked && k + 1 < g.T ? *MaskPointer(a.mask, k + 1, p.row0 + b, p.column) : T(1);
+      // One condition, which the compiler predicates: behind an early return for non-owners
+      // the loads of narrow blocks took a branch before the products (15-18% slower), and wide
+      // blocks' unconditional loads ran 21-24% slower with L2 emptied (2% faster warm).
+      o.input[r] =
+          works && t.valid ? a.source[p.in_unit ? t.in_time * step + p.Offset(b) : 0] : T(0);
+      o.mask_next[r] = masked && p.owner && k + 1 < g.T
+                           ? *MaskPointer(a.mask, k + 1, p.row0 + b, p.column)
+                           : T(1);
     }
   };
   const auto run = [&](int k, int b0, const Operands& o, auto) {
@@ -458,28 +471,30 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
     T products[kGroup][kTile], acc[kGroup];
     SliceProducts(rows, w, products);
 #pragma unroll
-    for (int r = 0; r < kGroup; ++r) acc[r] = SumOverSlices(products[r], g.slices, p.slice);
-    if (!p.owner) return;
+    for (int r = 0; r < kGroup; ++r) {
+      acc[r] = SumOverSlices<kTile, kFixedSlices>(products[r], g.slices, p.slice);
+    }
+    if (!works) return;
 #pragma unroll
     for (int r = 0; r < kGroup; ++r) {
       const int b = b0 + r;
       if (b >= p.rows) break;
       const StepTimes t = TimesOf(layout, k, length_of(b));
-      const int out = t.slot * step + p.Offset(b);
-      T& h = mem.State(b, u);
-      if (t.valid) {
-        const T z = o.input[r] + acc[r];
-        h = Activate<A>(z);
-        a.y[out] = h;
-        if (a.z) a.z[out] = z;
-      } else {  // a finished row keeps its state and gives zeros
-        a.y[out] = T(0);
-        if (a.z) a.z[out] = T(0);
+      const T z = o.input[r] + acc[r];
+      T h = Activate<A>(z);
+      if (!kPlain && !t.valid) h = p.owner ? mem.State(b, u) : T(0);  // a finished row keeps it
+      if (p.owner) {
+        const int out = t.slot * step + p.Offset(b);
+        a.y[out] = t.valid ? h : T(0);  // a finished row gives zeros
+        if (a.z) a.z[out] = t.valid ? z : T(0);
+        if (!kPlain) mem.State(b, u) = h;
+        if (k + 1 < g.T) {
+          signal.Send(mem.Exchange(k + 1), p.ExchangeIndex(b), h * o.mask_next[r], k);
+        }
       }
-      if (k + 1 < g.T) signal.Send(mem.Exchange(k + 1), p.ExchangeIndex(b), h * o.mask_next[r], k);
     }
   };
-  RunSteps<kGroup, false, Operands>(g.T, p.rows, warp_has_unit, signal, load, run);
+  RunSteps<kGroup, kWide && kGroup == 1, Operands>(g.T, p.rows, warp_has_unit, signal, load, run);
   signal.Finish();
 }
 
@@ -499,6 +514,7 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
     BackwardKernel(Config c, Geometry g, GradientArgs<T> a) {
   constexpr int kTile = kUnitsPerThread;
   constexpr int kSlice = SliceLength(sizeof(T), kWide);
+  constexpr int kFixedSlices = FixedSlices(sizeof(T), kWide);
   const Place<kSlice, kTile> p(g);
   const BlockMemory<T> mem(g, p, a.seq_lengths);
   const DirectionLayout layout = LayoutOf(c, p.direction);
@@ -594,7 +610,9 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
     T products[kGroup][kTile], acc[kGroup];
     SliceProducts(rows, w, products);
 #pragma unroll
-    for (int r = 0; r < kGroup; ++r) acc[r] = SumOverSlices(products[r], g.slices, p.slice);
+    for (int r = 0; r < kGroup; ++r) {
+      acc[r] = SumOverSlices<kTile, kFixedSlices>(products[r], g.slices, p.slice);
+    }
     if (!p.owner) return;
 #pragma unroll
     for (int r = 0; r < kGroup; ++r) {

@@ -87,7 +87,7 @@ inline int64_t SharedBytesPerRow(const RecurrencePlan& plan, int64_t element_byt
 // The threads sharing a tile of units: enough slices to cover a row of R, a power of two, and
 // at least one per unit of the tile (the kernels' sum over slices leaves each unit's total with
 // its own thread; slices past H hold zeros).
-inline int64_t SlicesFor(int64_t H, int64_t slice) {
+inline constexpr int64_t SlicesFor(int64_t H, int64_t slice) {
   int64_t slices = 1;
   while (slices * slice < H) slices *= 2;
   return std::max(slices, kUnitsPerThread);
@@ -96,7 +96,8 @@ inline int64_t SlicesFor(int64_t H, int64_t slice) {
 // The block shape (everything but rows, clusters and shared_bytes) for hidden size H, or
 // nothing when R does not fit on chip at this size. Independent of the batch and the device,
 // so the lowering can ask it (jax_sgrnn/_backends.py) before any GPU is seen.
-inline std::optional<RecurrencePlan> BlockShape(int64_t H, int64_t element_bytes, Pass pass) {
+inline constexpr std::optional<RecurrencePlan> BlockShape(int64_t H, int64_t element_bytes,
+                                                          Pass pass) {
   if (H < 1) return std::nullopt;
   const auto threads_for = [](int64_t units, int64_t slices) {
     return ((units + kUnitsPerThread - 1) / kUnitsPerThread * slices + 31) / 32 * 32;
@@ -120,6 +121,21 @@ inline std::optional<RecurrencePlan> BlockShape(int64_t H, int64_t element_bytes
     }
   }
   return std::nullopt;
+}
+
+// The slices of every block of this kind where all hidden sizes give it the same count (wide
+// float32 blocks: kUnitsPerThread), else 0: a compile-time constant for the kernels' sums
+// over slices (recurrence.cu). A wide block holds at most kWideThreads units.
+inline constexpr int64_t FixedSlices(int64_t element_bytes, bool wide) {
+  if (!wide) return 0;
+  int64_t fixed = 0;
+  for (int64_t H = 1; H <= kWideThreads; ++H) {
+    const std::optional<RecurrencePlan> plan = BlockShape(H, element_bytes, Pass::kForward);
+    if (!plan || !plan->wide) continue;
+    if (fixed != 0 && plan->slices != fixed) return 0;
+    fixed = plan->slices;
+  }
+  return fixed;
 }
 
 // Blocks of this shape that one SM (2048 threads, 65536 registers, sm_90) holds at once, by

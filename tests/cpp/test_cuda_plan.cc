@@ -51,6 +51,8 @@ void BlockShapesCoverEveryUnit() {
                   (p->slices == tile || (p->slices / 2) * p->slice < H),
               what + ": fewest slices covering a row, at least one per unit of a tile");
         Check(p->slices <= 32 && (p->slices & (p->slices - 1)) == 0, what + ": slices");
+        const int64_t fixed = FixedSlices(bytes, p->wide);
+        Check(fixed == 0 || p->slices == fixed, what + ": the kernels' fixed slices");
         Check(p->cluster >= 1 && p->cluster <= kMaxCluster, what + ": cluster size");
         Check(p->units * p->cluster >= H && (p->units - 1) * p->cluster < H, what + ": units");
         const int64_t tiles = (p->units + tile - 1) / tile;
@@ -78,6 +80,8 @@ void OnChipLimits() {
   Check(forward(64)->wide && !backward(64)->wide && backward(64)->slices == 4,
         "H=64: the forward's block is wide, the backward's narrow (a wide one pads half)");
   Check(!forward(129)->wide, "H=129: not wide");
+  Check(FixedSlices(4, true) == 4 && FixedSlices(8, true) == 0 && FixedSlices(4, false) == 0,
+        "fixed slices: wide float32 blocks only");
   Check(forward(256)->cluster == 2, "H=256: clusters of 2");
   Check(forward(512)->cluster == 8, "H=512: clusters of 8");
 }
