@@ -364,7 +364,7 @@ __device__ inline void PrefetchL2(const T* p) {
 // step's end, so that the loads' latency overlaps a whole step instead of only its products.
 // Blocks of several groups (ahead: false) would need a set per group, and their products
 // already hide the loads. Both kernels ask for it in one-row blocks: the backward's ran 3-27%
-// faster so than with two register sets and the loop unrolled by two (which avoided the copy),
+// faster this way than with two register sets and the loop unrolled by two (no copy),
 // the wide forwards 15-16% faster than without (kernels alone, an H100). Clustered forwards
 // ran 4-5% slower with it, so the forward asks only for wide blocks.
 template <int kGroup, bool kAhead, typename Operands, typename Signal, typename Load,

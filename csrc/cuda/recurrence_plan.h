@@ -125,7 +125,8 @@ inline constexpr std::optional<RecurrencePlan> BlockShape(int64_t H, int64_t ele
 
 // The slices of every block of this kind where all hidden sizes give it the same count (wide
 // float32 blocks: kUnitsPerThread), else 0: a compile-time constant for the kernels' sums
-// over slices (recurrence.cu). A wide block holds at most kWideThreads units.
+// over slices (recurrence.cu). A wide block holds at most kWideThreads units, and the
+// backward's wide blocks are some of the forward's.
 inline constexpr int64_t FixedSlices(int64_t element_bytes, bool wide) {
   if (!wide) return 0;
   int64_t fixed = 0;
