@@ -51,8 +51,7 @@ void TimeShape(int64_t T, int64_t N, int64_t H, std::mt19937& rng, const L2Flush
   CHECK(cudaGetDevice(&device));
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   CHECK(cudaDeviceGetAttribute(&shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  const auto plan = PlanRecurrence(Pass::kForward, H, N, D, sizeof(float), sms, shared);
-  const auto backward_plan = PlanRecurrence(Pass::kBackward, H, N, D, sizeof(float), sms, shared);
+  const auto plan = PlanRecurrence(H, N, D, sizeof(float), sms, shared);
 
   float* source = DeviceRandom(state, rng, 1.0f);
   float* R = DeviceRandom(H * H, rng, 1.0f / std::sqrt(static_cast<float>(H)));
@@ -66,7 +65,7 @@ void TimeShape(int64_t T, int64_t N, int64_t H, std::mt19937& rng, const L2Flush
 
   std::printf("T=%lld N=%lld H=%lld", static_cast<long long>(T), static_cast<long long>(N),
               static_cast<long long>(H));
-  if (plan && backward_plan) {
+  if (plan) {
     const ForwardArgs<float> fa{source, R, h0, MaskView<float>(), nullptr, y, z};
     const auto launch = [&] { return LaunchForward<float>(c, d, *plan, fa, nullptr); };
     const double us = MedianMicroseconds(launch);
@@ -82,7 +81,7 @@ void TimeShape(int64_t T, int64_t N, int64_t H, std::mt19937& rng, const L2Flush
       CHECK(cudaGetDevice(&device));
       CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
       CHECK(cudaDeviceGetAttribute(&shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-      const auto planned = PlanRecurrence(Pass::kForward, H, N, D, sizeof(float), sms, shared);
+      const auto planned = PlanRecurrence(H, N, D, sizeof(float), sms, shared);
       CHECK(LaunchForward<float>(c, d, *planned, fa, nullptr));
     }
     const double host_us = std::chrono::duration<double, std::micro>(
@@ -90,13 +89,10 @@ void TimeShape(int64_t T, int64_t N, int64_t H, std::mt19937& rng, const L2Flush
     CHECK(cudaDeviceSynchronize());
     std::printf(" host %.1f us", host_us);
     const GradientArgs<float> ga{R, dy, z, MaskView<float>(), nullptr, dz, dh0};
-    const auto gradients = [&] {
-      return LaunchGradients<float>(c, d, *backward_plan, ga, nullptr);
-    };
-    std::printf("  gradients %8.1f us, waited %8.1f, cold %8.1f (%s)",
+    const auto gradients = [&] { return LaunchGradients<float>(c, d, *plan, ga, nullptr); };
+    std::printf("  gradients %8.1f us, waited %8.1f, cold %8.1f",
                 MedianMicroseconds(gradients), MedianMicroseconds(gradients, kIdle),
-                MedianMicroseconds(gradients, {}, &flush),
-                backward_plan->wide ? "wide" : "narrow");
+                MedianMicroseconds(gradients, {}, &flush));
   }
   std::printf("\n");
   for (float* p : {source, R, h0, dy, y, z, dz, dh0}) CHECK(cudaFree(p));

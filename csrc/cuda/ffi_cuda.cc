@@ -76,7 +76,7 @@ ffi::Error CurrentDeviceLimits(DeviceLimits* out) {
 }
 
 // The plan for these sizes on the current device, or an error saying why there is none.
-ffi::Error PlanFor(Pass pass, const Dims& d, int64_t element_bytes, RecurrencePlan* out) {
+ffi::Error PlanFor(const Dims& d, int64_t element_bytes, RecurrencePlan* out) {
   DeviceLimits limits;
   if (ffi::Error status = CurrentDeviceLimits(&limits); status.failure()) return status;
   if (!IndexesFit(d.T, d.N, d.D, d.H)) {
@@ -85,8 +85,7 @@ ffi::Error PlanFor(Pass pass, const Dims& d, int64_t element_bytes, RecurrencePl
                            " does not fit (the lowering uses the lax.scan decomposition for it)");
   }
   const std::optional<RecurrencePlan> plan =
-      PlanRecurrence(pass, d.H, d.N, d.D, element_bytes, limits.multiprocessors,
-                     limits.shared_bytes);
+      PlanRecurrence(d.H, d.N, d.D, element_bytes, limits.multiprocessors, limits.shared_bytes);
   if (!plan) {
     return InvalidArgument("hidden size " + std::to_string(d.H) +
                            " does not fit the CUDA handler's on-chip recurrence (the lowering "
@@ -109,7 +108,7 @@ ffi::Error ForwardImpl(ffi::AnyBuffer x, ffi::AnyBuffer R, ffi::AnyBuffer W, ffi
   ffi::Error result = ffi::Error::Success();
   status = DispatchFloat<kF32, kF64>(x.element_type(), "CUDA", [&]<typename T>() {
     RecurrencePlan plan;
-    if (result = PlanFor(Pass::kForward, d, sizeof(T), &plan); result.failure()) return;
+    if (result = PlanFor(d, sizeof(T), &plan); result.failure()) return;
     const ForwardOperands<T> o = TypedOperands<T>(c, buffers, checked);
     const ForwardArgs<T> args{.source = o.x, .R = o.R, .h0 = o.h0, .mask = o.mask,
                               .seq_lengths = o.seq_lengths, .y = o.y, .z = o.z};
@@ -139,7 +138,7 @@ ffi::Error GradientsImpl(ffi::AnyBuffer x, ffi::AnyBuffer R, ffi::AnyBuffer dy, 
   ffi::Error result = ffi::Error::Success();
   status = DispatchFloat<kF32, kF64>(x.element_type(), "CUDA", [&]<typename T>() {
     RecurrencePlan plan;
-    if (result = PlanFor(Pass::kBackward, d, sizeof(T), &plan); result.failure()) return;
+    if (result = PlanFor(d, sizeof(T), &plan); result.failure()) return;
     for (int64_t g = 0; g < checked.G; ++g) {
       const GradientOperands<T> o = TypedOperands<T>(c, buffers, checked, g);
       const GradientArgs<T> args{.R = o.R, .dy = o.dy, .z = o.z, .mask = o.mask,

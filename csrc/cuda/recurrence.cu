@@ -11,7 +11,7 @@
 // block waits on an mbarrier for its rows' values). Two buffers alternate, so that no block
 // overwrites what another is still reading. The owners read a step's operands from global
 // memory before its products. Hidden sizes that one block holds whole run "wide" blocks with
-// twice the slice per thread (recurrence_plan.h, Pass says where).
+// twice the slice per thread (recurrence_plan.h, BlockShape says where).
 #include <cooperative_groups.h>
 
 #include <algorithm>
@@ -189,10 +189,10 @@ struct StepSignal {
 // OwnUnit(slice, S) of the tile. The first log2(kTile) rounds halve the values each lane keeps
 // (a lane whose bit `offset` is set keeps the upper half and sends the lower), so a tile of 4
 // costs 3 shuffles where summing each unit alone would cost 4 log2(S); the rest add one value.
-// kFixedSlices, where not 0, is S (FixedSlices): the shuffles' offsets and lanes are then
-// constants and no check for further rounds sits on the step's path (6-7% of the wide
-// forwards, kernels alone on an H100). The further rounds stay a loop: unrolled, they cost the
-// narrow backwards 9-10%.
+// kFixedSlices, where not 0, is S (FixedSlices: float32 blocks of their own): the shuffles'
+// offsets and lanes are then constants and no check for further rounds sits on the step's
+// path (6-7% of the wide forwards, kernels alone on an H100). The further rounds stay a loop:
+// unrolled, they cost the clustered backwards 9-10%.
 template <int kTile, int kFixedSlices, typename T>
 __device__ inline T SumOverSlices(T (&v)[kTile], int slices, int slice) {
   if constexpr (kFixedSlices != 0) slices = kFixedSlices;
@@ -366,7 +366,7 @@ __device__ inline void PrefetchL2(const T* p) {
 // already hide the loads. Both kernels ask for it in one-row blocks: the backward's ran 3-27%
 // faster this way than with two register sets and the loop unrolled by two (no copy),
 // the wide forwards 15-16% faster than without (kernels alone, an H100). Clustered forwards
-// ran 4-5% slower with it, so the forward asks only for wide blocks.
+// ran 4-5% slower with it, so the forward asks only in blocks of their own.
 template <int kGroup, bool kAhead, typename Operands, typename Signal, typename Load,
           typename Run>
 __device__ __forceinline__ void RunSteps(int steps, int rows, bool active, const Signal& signal,
@@ -415,7 +415,7 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
     ForwardKernel(Config c, Geometry g, ForwardArgs<T> a) {
   constexpr int kTile = kUnitsPerThread;
   constexpr int kSlice = SliceLength(sizeof(T), kWide);
-  constexpr int kFixedSlices = FixedSlices(sizeof(T), kWide);
+  constexpr int kFixedSlices = FixedSlices(sizeof(T), kWide, kClustered);
   const Place<kSlice, kTile> p(g);
   const BlockMemory<T> mem(g, p, a.seq_lengths);
   const DirectionLayout layout = LayoutOf(c, p.direction);
@@ -440,11 +440,12 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
   }
   ClusterBarrier(g.cluster);
 
-  // Step k's operands of a unit: its source x_k and mask m_{k+1} for each row. In wide blocks
-  // every lane of a unit reads with its owner and does the step's work with it (lanes past H
-  // read element 0), and only owners store: the owners' branch around that work cost the wide
-  // forwards 2-4%, while narrow ones, with several lanes a unit, ran 2-7% slower without it.
-  const bool works = kWide || p.owner;
+  // Step k's operands of a unit: its source x_k and mask m_{k+1} for each row. In blocks of
+  // their own every lane of a unit reads with its owner and does the step's work with it
+  // (lanes past H read element 0), and only owners store: the owners' branch around that work
+  // cost the wide forwards 2-4%, while clustered ones, with several lanes a unit, ran 2-7%
+  // slower without it.
+  const bool works = !kClustered || p.owner;
   struct Operands {
     T input[kGroup], mask_next[kGroup];
   };
@@ -454,8 +455,8 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
       const int b = min(b0 + r, p.rows - 1);
       const StepTimes t = TimesOf(layout, k, length_of(b));
       // One condition, which the compiler predicates: behind an early return for non-owners
-      // the loads of narrow blocks took a branch before the products (15-18% slower), and wide
-      // blocks' unconditional loads ran 21-24% slower with L2 emptied (2% faster warm).
+      // the loads of clustered blocks took a branch before the products (15-18% slower), and
+      // wide blocks' unconditional loads ran 21-24% slower with L2 emptied (2% faster warm).
       o.input[r] =
           works && t.valid ? a.source[p.in_unit ? t.in_time * step + p.Offset(b) : 0] : T(0);
       o.mask_next[r] = masked && p.owner && k + 1 < g.T
@@ -494,7 +495,8 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
       }
     }
   };
-  RunSteps<kGroup, kWide && kGroup == 1, Operands>(g.T, p.rows, warp_has_unit, signal, load, run);
+  RunSteps<kGroup, !kClustered && kGroup == 1, Operands>(g.T, p.rows, warp_has_unit, signal, load,
+                                                         run);
   signal.Finish();
 }
 
@@ -514,7 +516,7 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
     BackwardKernel(Config c, Geometry g, GradientArgs<T> a) {
   constexpr int kTile = kUnitsPerThread;
   constexpr int kSlice = SliceLength(sizeof(T), kWide);
-  constexpr int kFixedSlices = FixedSlices(sizeof(T), kWide);
+  constexpr int kFixedSlices = FixedSlices(sizeof(T), kWide, kClustered);
   const Place<kSlice, kTile> p(g);
   const BlockMemory<T> mem(g, p, a.seq_lengths);
   const DirectionLayout layout = LayoutOf(c, p.direction);

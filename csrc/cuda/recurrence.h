@@ -39,7 +39,7 @@ struct GradientArgs {
 };
 
 // Enqueue the kernels on `stream`; nothing waits for them. `plan` comes from PlanRecurrence
-// for these sizes and the kernel's Pass. Returns the first CUDA error.
+// for these sizes. Returns the first CUDA error.
 template <typename T>
 cudaError_t LaunchForward(const Config& c, const Dims& d, const RecurrencePlan& plan,
                           const ForwardArgs<T>& args, cudaStream_t stream);

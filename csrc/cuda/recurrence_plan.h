@@ -7,8 +7,7 @@
 // `slices` threads share a tile's units, and the `cluster` blocks of a cluster split the H
 // units between them. Per step a cluster exchanges the new state through (distributed) shared
 // memory and meets at one barrier. The forward and the backward recurrence have the same
-// shape of work (the backward's dR is one product after it, XLA's), so their plans differ only
-// where measured speeds did: which of them run wide blocks (Pass).
+// shape of work (the backward's dR is one product after it, XLA's), so one plan serves both.
 #ifndef JAX_SGRNN_CUDA_RECURRENCE_PLAN_H_
 #define JAX_SGRNN_CUDA_RECURRENCE_PLAN_H_
 
@@ -37,13 +36,6 @@ inline constexpr int64_t SliceLength(int64_t element_bytes, bool wide) {
 // Padding after each slice in the exchange buffer (one 16-byte vector), so that the S slices
 // that one warp reads at once sit in different shared-memory banks.
 inline constexpr int64_t SlicePadding(int64_t element_bytes) { return 16 / element_bytes; }
-
-// Which kernel a plan is for. The forward runs a wide block wherever one holds all H units;
-// the backward only where the wide block's slices pad R's rows no more than the narrow
-// block's: at H = 64 (float32) half of a wide slice is zeros, and there the narrow backward
-// ran about 10% faster at (3000,1,64), while at H = 100 and 128 the wide one ran 6-8% faster
-// (kernels alone, an H100; docs/performance.md, "Floors, and what limits each row").
-enum class Pass { kForward, kBackward };
 
 inline constexpr int64_t kMaxThreads = 512;
 inline constexpr int64_t kWideThreads = 256;
@@ -95,9 +87,13 @@ inline constexpr int64_t SlicesFor(int64_t H, int64_t slice) {
 
 // The block shape (everything but rows, clusters and shared_bytes) for hidden size H, or
 // nothing when R does not fit on chip at this size. Independent of the batch and the device,
-// so the lowering can ask it (jax_sgrnn/_backends.py) before any GPU is seen.
-inline constexpr std::optional<RecurrencePlan> BlockShape(int64_t H, int64_t element_bytes,
-                                                          Pass pass) {
+// so the lowering can ask it (jax_sgrnn/_backends.py) before any GPU is seen. A wide block
+// wherever one holds all H units and its slices pad R's rows no more than a narrow block's:
+// at H <= 64 (float32) half of a wide slice would be zeros, and there the narrow kernels ran
+// faster, the forward 9% at (3000,1,64), the backward about 30% (kernels alone, an H100;
+// docs/performance.md, "Floors, and what limits each row"), while at H = 100 and 128 the
+// wide ones ran 6-10% faster.
+inline constexpr std::optional<RecurrencePlan> BlockShape(int64_t H, int64_t element_bytes) {
   if (H < 1) return std::nullopt;
   const auto threads_for = [](int64_t units, int64_t slices) {
     return ((units + kUnitsPerThread - 1) / kUnitsPerThread * slices + 31) / 32 * 32;
@@ -107,8 +103,7 @@ inline constexpr std::optional<RecurrencePlan> BlockShape(int64_t H, int64_t ele
   const int64_t slice = SliceLength(element_bytes, false);
   const int64_t slices = SlicesFor(H, slice);
   const bool wide_pads_more = wide_slices * wide_slice > slices * slice;
-  if (threads_for(H, wide_slices) <= kWideThreads &&
-      (pass == Pass::kForward || !wide_pads_more)) {
+  if (threads_for(H, wide_slices) <= kWideThreads && !wide_pads_more) {
     return RecurrencePlan{wide_slice, wide_slices, 1, H, threads_for(H, wide_slices), 0, 0, 0,
                           true};
   }
@@ -123,16 +118,15 @@ inline constexpr std::optional<RecurrencePlan> BlockShape(int64_t H, int64_t ele
   return std::nullopt;
 }
 
-// The slices of every block of this kind where all hidden sizes give it the same count (wide
-// float32 blocks: kUnitsPerThread), else 0: a compile-time constant for the kernels' sums
-// over slices (recurrence.cu). A wide block holds at most kWideThreads units, and the
-// backward's wide blocks are some of the forward's.
-inline constexpr int64_t FixedSlices(int64_t element_bytes, bool wide) {
-  if (!wide) return 0;
+// The slices of every block of this kind (wide or not, one block or a cluster) where all
+// hidden sizes give it the same count, else 0: a compile-time constant for the kernels' sums
+// over slices (recurrence.cu). In float32, wide blocks and narrow blocks of their own (H <= 64)
+// have kUnitsPerThread slices. No block holds more than 8 * kMaxThreads units.
+inline constexpr int64_t FixedSlices(int64_t element_bytes, bool wide, bool clustered) {
   int64_t fixed = 0;
-  for (int64_t H = 1; H <= kWideThreads; ++H) {
-    const std::optional<RecurrencePlan> plan = BlockShape(H, element_bytes, Pass::kForward);
-    if (!plan || !plan->wide) continue;
+  for (int64_t H = 1; H <= kMaxCluster * kMaxThreads; ++H) {
+    const std::optional<RecurrencePlan> plan = BlockShape(H, element_bytes);
+    if (!plan || plan->wide != wide || (plan->cluster > 1) != clustered) continue;
     if (fixed != 0 && plan->slices != fixed) return 0;
     fixed = plan->slices;
   }
@@ -142,8 +136,8 @@ inline constexpr int64_t FixedSlices(int64_t element_bytes, bool wide) {
 // Blocks of this shape that one SM (2048 threads, 65536 registers, sm_90) holds at once, by
 // their threads and the registers the launch bounds let them use; shared memory, a few KB a
 // row at the sizes where this exceeds one, is not counted. Small blocks leave most of an SM
-// idle alone: at H = 64 (64 threads) four forward blocks share an SM, each with a quarter of
-// the rows, and work through their steps side by side instead of one row group after another.
+// idle alone: at H = 64 (64 threads) eight blocks share an SM, each with an eighth of the
+// rows, and work through their steps side by side instead of one row group after another.
 inline int64_t ResidentBlocks(const RecurrencePlan& plan) {
   const int64_t registers = plan.wide ? kWideRegisters : kNarrowRegisters;
   return std::max<int64_t>(1, std::min(2048 / plan.threads, 65536 / (plan.threads * registers)));
@@ -153,11 +147,11 @@ inline int64_t ResidentBlocks(const RecurrencePlan& plan) {
 // `max_shared_bytes` of shared memory per block: as few rows per cluster as fill the device in
 // one wave (ResidentBlocks per SM), and no more than fit in shared memory (further clusters
 // then run in later waves).
-inline std::optional<RecurrencePlan> PlanRecurrence(Pass pass, int64_t H, int64_t N, int64_t D,
+inline std::optional<RecurrencePlan> PlanRecurrence(int64_t H, int64_t N, int64_t D,
                                                     int64_t element_bytes,
                                                     int64_t multiprocessors,
                                                     int64_t max_shared_bytes) {
-  std::optional<RecurrencePlan> plan = BlockShape(H, element_bytes, pass);
+  std::optional<RecurrencePlan> plan = BlockShape(H, element_bytes);
   if (!plan || N < 1) return plan;
   // The fewest rows per cluster whose clusters, whole, fit the device in one wave.
   const int64_t blocks_per_cluster = plan->cluster * D;
@@ -185,19 +179,15 @@ inline bool IndexesFit(int64_t T, int64_t N, int64_t D, int64_t H) {
 // H200 (docs/performance.md, "GPU"): the kernels are several times faster while each SM works
 // through a few rows a step, still faster at 16 rows; more rows an SM were not compared. The
 // lowering decides before any GPU is seen, so the rows are counted for a GPU of
-// kTypicalMultiprocessors SMs (H100, H200). Both passes' plans must qualify, since one
-// decision covers the op and its gradient.
+// kTypicalMultiprocessors SMs (H100, H200); one decision covers the op and its gradient.
 inline constexpr int64_t kMaxRowsPerMultiprocessor = 16;
 inline constexpr int64_t kTypicalMultiprocessors = 132;
 
 inline bool RunsOnChip(int64_t T, int64_t H, int64_t N, int64_t D, int64_t element_bytes) {
-  const auto qualifies = [&](Pass pass) {
-    const std::optional<RecurrencePlan> plan =
-        PlanRecurrence(pass, H, N, D, element_bytes, kTypicalMultiprocessors,
-                       std::numeric_limits<int64_t>::max());
-    return plan && plan->rows * ResidentBlocks(*plan) <= kMaxRowsPerMultiprocessor;
-  };
-  return IndexesFit(T, N, D, H) && qualifies(Pass::kForward) && qualifies(Pass::kBackward);
+  const std::optional<RecurrencePlan> plan = PlanRecurrence(
+      H, N, D, element_bytes, kTypicalMultiprocessors, std::numeric_limits<int64_t>::max());
+  return IndexesFit(T, N, D, H) && plan &&
+         plan->rows * ResidentBlocks(*plan) <= kMaxRowsPerMultiprocessor;
 }
 
 }  // namespace sgrnn::cuda

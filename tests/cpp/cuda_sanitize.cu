@@ -1,8 +1,9 @@
 // A standalone driver of the CUDA recurrence kernels (csrc/cuda/recurrence.cu), for
 // compute-sanitizer (scripts/sanitize_cuda.sh), which cannot follow a Python process running
 // JAX. It runs the forward and gradient kernels over every kind of launch their plans make
-// (the forward's wide blocks, one narrow block per cluster, clusters of 2, 4 and 8, one row,
-// one group of rows or several, both directions, masks, lengths, float and double), with
+// (wide blocks, narrow blocks of their own, one narrow block per cluster, clusters of 2, 4
+// and 8, one row, one group of rows or several, both directions, masks, lengths, float and
+// double), with
 // outputs poisoned with NaN first, and checks that each run returns no CUDA error and writes
 // every output element with a finite value. The values themselves are checked against the
 // reference by tests/test_cuda.py.
@@ -105,9 +106,8 @@ void Run(const Case& k, std::mt19937& rng) {
   DeviceArray<int32_t> lengths(lengths_host);
   DeviceArray<T> y(std::vector<T>(state, nan)), z(std::vector<T>(state, nan));
 
-  const auto plan = PlanRecurrence(Pass::kForward, k.H, k.N, D, sizeof(T), sms, shared);
-  const auto backward_plan = PlanRecurrence(Pass::kBackward, k.H, k.N, D, sizeof(T), sms, shared);
-  if (!plan || !backward_plan) return;  // sizes the lowering gives to the decomposition
+  const auto plan = PlanRecurrence(k.H, k.N, D, sizeof(T), sms, shared);
+  if (!plan) return;  // sizes the lowering gives to the decomposition
   const ForwardArgs<T> fa{x.data, R.data, k.h0 ? h0.data : nullptr,
                           k.mask ? MaskView<T>(mask.data, k.T, k.N, DH) : MaskView<T>(),
                           k.lengths ? lengths.data : nullptr, y.data, z.data};
@@ -121,7 +121,7 @@ void Run(const Case& k, std::mt19937& rng) {
   DeviceArray<T> dy(Random<T>(state, rng)), dx(std::vector<T>(state, nan));
   DeviceArray<T> dh0(std::vector<T>(k.N * DH, nan));
   const GradientArgs<T> ga{R.data, dy.data, z.data, fa.mask, fa.seq_lengths, dx.data, dh0.data};
-  if (!Ok(LaunchGradients<T>(c, d, *backward_plan, ga, nullptr), name + ": gradients launch") ||
+  if (!Ok(LaunchGradients<T>(c, d, *plan, ga, nullptr), name + ": gradients launch") ||
       !Ok(cudaDeviceSynchronize(), name + ": gradients run")) {
     return;
   }
@@ -145,6 +145,8 @@ int main() {
       {3, 6, 512, false, true, false, false, true},   // float: clusters of 8 (forward only)
       {7, 3, 1, true, true, true, false, true},       // H = 1
       {0, 3, 16, false, false, false, false, true},   // no steps
+      {9, 4, 64, true, true, true, true, true},       // narrow blocks of one row, a step ahead
+      {100, 1, 48, false, false, false, true, true},  // ... over many steps, with a length
   };
   int runs = 0;
   for (const Case& k : cases) {
