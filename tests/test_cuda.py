@@ -44,9 +44,9 @@ def _check(rng, T, N, I, H, dtype, flags, *, mask=None, lengths=None, pattern=(T
     assert_close(got, want, err_msg=str(flags))
 
 
-# Hidden sizes around the kernels' splits: one block (H <= 128: the forward's wide, the
-# backward's narrow), clusters of 2 blocks (256); test_sizes_up_to_and_beyond_the_largest_cluster
-# takes clusters of 8 (300, 512) and the decomposition (1024).
+# Hidden sizes around the kernels' splits: one block (narrow at H <= 64, wide to 128), clusters
+# of 2 blocks (256); test_sizes_up_to_and_beyond_the_largest_cluster takes clusters of 8 (300,
+# 512) and the decomposition (1024).
 @requires_gpu
 @pytest.mark.parametrize("act,rev,bi", _grid_flags())
 @pytest.mark.parametrize("H", [1, 37, 128, 256])
