@@ -291,6 +291,11 @@ struct Place {
   __device__ int Offset(int b) const { return first + b * row_stride; }
   // This unit's entry for row b in an exchange buffer.
   __device__ int ExchangeIndex(int b) const { return b * exchange_row + exchange_unit; }
+  // The element (time, row row0 + b, this column) of a [T, N, D*H] tensor that this lane
+  // reads: lanes past H read element 0, so that every lane loads with its owner, no branch.
+  __device__ int ReadAt(int time, int b, int step_stride) const {
+    return in_unit ? time * step_stride + Offset(b) : 0;
+  }
 };
 
 // This thread's kSlice entries of R for each unit j of its tile in registers: row j (forward)
@@ -458,7 +463,7 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
       // the loads of clustered blocks took a branch before the products (15-18% slower), and
       // wide blocks' unconditional loads ran 21-24% slower with L2 emptied (2% faster warm).
       o.input[r] =
-          works && t.valid ? a.source[p.in_unit ? t.in_time * step + p.Offset(b) : 0] : T(0);
+          works && t.valid ? a.source[p.ReadAt(t.in_time, b, step)] : T(0);
       o.mask_next[r] = masked && p.owner && k + 1 < g.T
                            ? *MaskPointer(a.mask, k + 1, p.row0 + b, p.column)
                            : T(1);
@@ -569,12 +574,11 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
     for (int r = 0; r < kGroup; ++r) {
       const int b = min(b0 + r, p.rows - 1);
       const int length = length_of(b);
-      const int at = p.in_unit ? p.Offset(b) : 0;
       o.mask[r] = masked && p.owner ? *MaskPointer(a.mask, k, p.row0 + b, p.column) : T(1);
       // dy_{k-1} and z_{k-1} share their slot.
       const StepTimes prev = TimesOf(layout, max(k - 1, 0), length);
       const bool has_prev = p.owner && k > 0 && prev.valid;
-      const int prev_at = p.in_unit ? prev.slot * step + at : 0;
+      const int prev_at = p.ReadAt(prev.slot, b, step);
       const T dy = a.dy[prev_at], z = a.z[prev_at];
       o.dy[r] = has_prev ? dy : T(0);
       if constexpr (decltype(ahead)::value) {
@@ -582,7 +586,7 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
       } else {
         o.z[r] = p.owner ? mem.State(b, u) : T(0);
         const StepTimes next = TimesOf(layout, max(k - 2, 0), length);
-        const T z_next = a.z[p.in_unit ? next.slot * step + at : 0];
+        const T z_next = a.z[p.ReadAt(next.slot, b, step)];
         o.z_ahead[r] = p.owner && k > 1 && next.valid ? z_next : T(0);
       }
       // dy and z of step f = k - kPrefetchSteps's load. Blocks of one row group ask only for
@@ -591,7 +595,7 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
       const int f = k - kPrefetchSteps;
       const StepTimes later = TimesOf(layout, max(f - 1, 0), length);
       if (!decltype(ahead)::value || (p.owner && f > 0 && later.valid)) {
-        const int later_at = p.in_unit ? later.slot * step + at : 0;
+        const int later_at = p.ReadAt(later.slot, b, step);
         PrefetchL2(a.dy + later_at);
         PrefetchL2(a.z + later_at);
       }
