@@ -1,5 +1,5 @@
-// What the CUDA benchmark programs (time_cuda_kernels.cu, probe_step.cu) share: error checks
-// and the timing of a launch with CUDA events.
+// What the CUDA benchmark programs (time_cuda_kernels.cu, probe_step.cu, probe_grid_step.cu)
+// share: error checks and the timing of a launch with CUDA events.
 #ifndef JAX_SGRNN_BENCHMARKS_CUDA_TIMING_H_
 #define JAX_SGRNN_BENCHMARKS_CUDA_TIMING_H_
 
