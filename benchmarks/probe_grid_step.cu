@@ -18,11 +18,14 @@
 //   loads     + the chunk loads from L2 (no hand-over: reads whatever y holds)
 //   whole     + the hand-over (counter and wait): the step as a kernel would run it
 //   hand-over the hand-over and the step's end alone (no loads, no products)
+//   grid      the whole step with a barrier of the whole grid (cooperative groups' grid.sync)
+//             for the hand-over instead of the row tile's counter: no counters to keep
 // Every mode runs the step's end (the sum over parts, the source, tanh and the store of y).
 // Time: CUDA events (cuda_timing.h), the median of 30 launches after 5; us a step = / T.
 //
 //   nvcc -std=c++20 -O3 -arch=sm_90 --expt-relaxed-constexpr -Icsrc \
 //     benchmarks/probe_grid_step.cu -o probe_grid_step && ./probe_grid_step
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -39,7 +42,7 @@ namespace {
 
 constexpr int kSteps = 100, kRows = 256, kHidden = 1024;
 
-enum Part : int { kProducts = 1, kLoads = 2, kHandOver = 4 };
+enum Part : int { kProducts = 1, kLoads = 2, kHandOver = 4, kGridBarrier = 8 };
 
 // The split of a block's BM x BN outputs over its threads: KS parts of the contraction, each
 // (BM / TM) x (BN / TN) threads with a TM x TN register tile. A thread's rows are strided by
@@ -200,6 +203,8 @@ __global__ void __launch_bounds__(Tiling<BM, BN, KS, TM, TN>::kThreads, 1)
         __threadfence();
       }
       __syncthreads();
+    } else if constexpr ((kParts & kGridBarrier) != 0) {
+      cooperative_groups::this_grid().sync();
     }
   }
 }
@@ -271,6 +276,9 @@ void TimeParts(const Problem& p) {
   Time<BM, BN, KS, TM, TN, KC, kStages, kProducts | kLoads>(p, "+ loads", false);
   Time<BM, BN, KS, TM, TN, KC, kStages, kProducts | kLoads | kHandOver>(p, "+ hand-over: whole", true);
   Time<BM, BN, KS, TM, TN, KC, kStages, kHandOver>(p, "hand-over alone", false);
+  Time<BM, BN, KS, TM, TN, KC, kStages, kProducts | kLoads | kGridBarrier>(p, "whole, grid barrier",
+                                                                         true);
+  Time<BM, BN, KS, TM, TN, KC, kStages, kGridBarrier>(p, "grid barrier alone", false);
 }
 
 template <int BM, int BN, int KS, int TM, int TN, int KC, int kStages>
