@@ -1,4 +1,5 @@
-// Times the CUDA recurrence kernels alone (csrc/cuda/recurrence.cu), without JAX: for A/B runs
+// Times the CUDA recurrence kernels alone (csrc/cuda/recurrence.cu; and grid_recurrence.cu's
+// wherever PlanGrid fits, each launch zeroing its workspace first), without JAX: for A/B runs
 // of kernel variants, where a build of the whole package per variant would cost minutes of
 // GPU time. Float32, tanh, with h0, no mask; each shape runs the forward and the backward
 // recurrence (dz and dh0; dR is XLA's product after it), timed with CUDA events: the median
@@ -11,7 +12,8 @@
 // enqueue the launch), per call over 100 calls.
 //
 //   nvcc -std=c++20 -O3 -arch=sm_90 --expt-relaxed-constexpr -Icsrc \
-//     benchmarks/time_cuda_kernels.cu csrc/cuda/recurrence.cu -o time_cuda_kernels
+//     benchmarks/time_cuda_kernels.cu csrc/cuda/recurrence.cu csrc/cuda/grid_recurrence.cu \
+//     -o time_cuda_kernels
 //   ./time_cuda_kernels 1000,8,128 100,32,256 200,64,512     # T,N,H per shape
 #include <cuda_runtime_api.h>
 
@@ -95,6 +97,27 @@ void TimeShape(int64_t T, int64_t N, int64_t H, std::mt19937& rng, const L2Flush
                 MedianMicroseconds(gradients, {}, &flush));
   }
   std::printf("\n");
+  if (const auto grid = PlanGrid(H, N, sizeof(float), sms, shared)) {
+    void* workspace = nullptr;
+    CHECK(cudaMalloc(&workspace, grid->WorkspaceBytes(D)));
+    const ForwardArgs<float> fa{source, R, h0, MaskView<float>(), nullptr, y, z};
+    const auto forward = [&] { return LaunchGridForward(c, d, *grid, fa, workspace, nullptr); };
+    std::printf("  grid (%lld x %lld tiles of %lld x %lld):", static_cast<long long>(grid->row_tiles),
+                static_cast<long long>(grid->unit_tiles), static_cast<long long>(grid->tile.rows),
+                static_cast<long long>(grid->tile.units));
+    const double us = MedianMicroseconds(forward);
+    std::printf("  forward %8.1f us, waited %8.1f, cold %8.1f (%.3f us/step)", us,
+                MedianMicroseconds(forward, kIdle), MedianMicroseconds(forward, {}, &flush),
+                us / T);
+    const GradientArgs<float> ga{R, dy, z, MaskView<float>(), nullptr, dz, dh0};
+    const auto gradients = [&] {
+      return LaunchGridGradients(c, d, *grid, ga, workspace, nullptr);
+    };
+    std::printf("  gradients %8.1f us, waited %8.1f, cold %8.1f\n",
+                MedianMicroseconds(gradients), MedianMicroseconds(gradients, kIdle),
+                MedianMicroseconds(gradients, {}, &flush));
+    CHECK(cudaFree(workspace));
+  }
   for (float* p : {source, R, h0, dy, y, z, dz, dh0}) CHECK(cudaFree(p));
 }
 

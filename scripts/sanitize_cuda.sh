@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN="${TMPDIR:-/tmp}/sgrnn_cuda_sanitize"
 nvcc -std=c++20 -O2 -lineinfo -arch=sm_90 --expt-relaxed-constexpr -Icsrc \
-  tests/cpp/cuda_sanitize.cu csrc/cuda/recurrence.cu -o "$BIN"
+  tests/cpp/cuda_sanitize.cu csrc/cuda/recurrence.cu csrc/cuda/grid_recurrence.cu -o "$BIN"
 "$BIN"
 status=0
 for tool in memcheck racecheck synccheck initcheck; do

@@ -2,7 +2,8 @@
 run on any machine: the MPSGraph handler's plan (csrc/metal/mps_plan.cc: overloads, graph keys,
 placeholder shapes, mask expansion, buffer wrapping, result mapping), the CUDA handler's
 split of a problem over the GPU (csrc/cuda/recurrence_plan.h: every unit and row covered, the
-on-chip limits, the lowering's choice between the kernel and the decomposition) and the CPU
+on-chip limits, the lowering's choice between the kernels and the decomposition), the step loop
+of its grid kernels in a host emulation against the spec (csrc/cuda/grid_steps.h) and the CPU
 handler's x86-64 level from CPUID and XCR0 values (csrc/cpu/isa_detect.h: real CPUs, the state
 the OS saves, unsupported leaves, every bit of the psABI's list). The MPSGraph self-check's unit
 test is in test_mps_self_check.py."""
@@ -14,10 +15,13 @@ from conftest import run_cpp_unit_test
 UNITS = {
     "mps_plan": ("tests/cpp/test_mps_plan.cc", "csrc/metal/mps_plan.cc"),
     "cuda_plan": ("tests/cpp/test_cuda_plan.cc",),
+    "grid_steps": ("tests/cpp/test_grid_steps.cc",),
     "isa_detect": ("tests/cpp/test_isa_detect.cc",),
 }
+# The grid kernels' emulation runs a host thread per GPU thread.
+FLAGS = {"grid_steps": ("-O2", "-pthread")}
 
 
 @pytest.mark.parametrize("unit", list(UNITS))
 def test_cpp_unit_tests(tmp_path, unit):
-    run_cpp_unit_test(tmp_path, *UNITS[unit])
+    run_cpp_unit_test(tmp_path, *UNITS[unit], flags=FLAGS.get(unit, ()))

@@ -9,7 +9,11 @@ lowering checks at the end need only the CUDA build, not a GPU.
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -187,6 +191,109 @@ def test_jvp_through_the_handler(rng, act, rev, bi, lengths):
     assert_close(jvp(op), jvp(ref), err_msg=str(flags))
 
 
+# ------------------------------------------------------------ the grid kernels (SGRNN_CUDA_GRID=1)
+# Sizes the block kernels do not run (H above 512, more than 16 rows an SM) run the grid
+# kernels (csrc/cuda/grid_steps.h) only where SGRNN_CUDA_GRID=1 was set before the extension's
+# first question, so their tests run in a child process with it set
+# (test_the_grid_kernels_when_asked_for); in this process they are skipped.
+GRID = os.environ.get("SGRNN_CUDA_GRID") == "1"
+requires_grid = pytest.mark.skipif(
+    not (ON_GPU and GRID), reason="needs a GPU and SGRNN_CUDA_GRID=1 (the child process of "
+                                  "test_the_grid_kernels_when_asked_for runs these)")
+
+
+@requires_grid
+@pytest.mark.parametrize("act,rev,bi", _grid_flags())
+def test_grid_flag_grid(rng, act, rev, bi):
+    """H = 700, which no block or cluster holds: 5 rows, one row tile of 22 unit tiles."""
+    _check(rng, 6, 5, 7, 700, jnp.float32, dict(activation=act, reverse=rev, bidirectional=bi),
+           mask="float" if rev else "bool")
+
+
+@requires_grid
+def test_grid_many_rows_with_lengths(rng):
+    """(5,3000,8,64), both directions: 24 rows an SM for the block kernels, so 47 x 2 tiles of
+    64 x 32 here, with lengths (0 to T) and a mask."""
+    lengths = jnp.asarray(rng.integers(0, 6, size=3000), jnp.int32)
+    _check(rng, 5, 3000, 8, 64, jnp.float32, dict(activation="tanh", bidirectional=True),
+           mask="float", lengths=lengths)
+
+
+@requires_grid
+@pytest.mark.parametrize("pattern", [(False, False, False), (True, True, True)])
+def test_grid_h1024_optional_inputs(rng, pattern):
+    """H = 1024 (16 chunks, more than the stages in flight), 40 rows, reversed."""
+    _check(rng, 4, 40, 9, 1024, jnp.float32, dict(activation="relu", reverse=True),
+           pattern=pattern)
+
+
+@requires_grid
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_grid_half_precisions(rng, dtype):
+    _check(rng, 5, 3, 8, 700, dtype, dict(activation="tanh"))
+
+
+@requires_grid
+@pytest.mark.parametrize("T,N", [(0, 3), (4, 0)])
+def test_grid_empty_sequence_or_batch(rng, T, N):
+    _check(rng, T, N, 3, 700, jnp.float32, dict(activation="relu"))
+
+
+@requires_grid
+def test_grid_vmap_of_the_gradient_op(rng):
+    """vmap over the gradient op (G = 2 problems sharing R, one workspace) at H = 700."""
+    inputs = make_inputs(rng, 4, 3, 6, 700, dtype=jnp.float32)
+    x = random_array(rng, (2, 4, 3, 6), jnp.float32)
+    dy = random_array(rng, (2, 4, 3, 700), jnp.float32)
+
+    def grads(fn, x, dy):
+        rest = {k: inputs[k] for k in ("recurrent_weight", "input_weight", "bias", "init_state")}
+        _, z = op(x, **rest, training=True, activation="tanh")
+        return fn(x, rest["recurrent_weight"], dy, z, rest["input_weight"], rest["bias"],
+                  rest["init_state"], activation="tanh")
+
+    got = jax.jit(jax.vmap(lambda x, dy: grads(jax_sgrnn.single_gate_rnn_gradients, x, dy)))
+    want = jax.jit(jax.vmap(lambda x, dy: grads(jax_sgrnn.reference_gradients, x, dy)))
+    assert_close(got(x, dy), want(x, dy))
+
+
+@requires_grid
+def test_grid_jvp(rng):
+    """Forward mode at H = 700: the tangent's call runs activation none with a mask of act'(z)."""
+    inputs = make_inputs(rng, 5, 3, 6, 700, mask="float", dtype=jnp.float32)
+    flags = dict(activation="sigmoid", bidirectional=False, training=True)
+    primals = {n: inputs[n] for n in ("source", "recurrent_weight", "init_state")}
+    tangents = {n: random_array(rng, a.shape, a.dtype) for n, a in primals.items()}
+
+    def jvp(fn):
+        return jax.jit(lambda p, t: jax.jvp(lambda p: fn(**{**inputs, **p}, **flags), (p,),
+                                            (t,)))(primals, tangents)
+
+    assert_close(jvp(op), jvp(ref))
+
+
+def _child(*args: str, grid: bool = True) -> subprocess.CompletedProcess:
+    """Runs python in the repository's root, with SGRNN_CUDA_GRID=1 or without it. -P: the
+    installed package, not the source folder, is the one imported."""
+    env = dict(os.environ)
+    env.pop("SGRNN_CUDA_GRID", None)
+    if grid:
+        env["SGRNN_CUDA_GRID"] = "1"
+    return subprocess.run([sys.executable, "-P", *args], env=env,
+                          cwd=Path(__file__).resolve().parent.parent, capture_output=True,
+                          text=True, timeout=3600)
+
+
+@requires_gpu
+@pytest.mark.skipif(GRID, reason="the child process itself")
+def test_the_grid_kernels_when_asked_for():
+    """The test_grid_ tests above, in a child process with SGRNN_CUDA_GRID=1."""
+    run = _child("-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_cuda.py", "-k",
+                 "test_grid_")
+    assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-5000:]
+    assert " passed" in run.stdout and " skipped" not in run.stdout, run.stdout[-2000:]
+
+
 # ---------------------------------------------------------------- lowering (CUDA build only)
 
 @requires_cuda_build
@@ -219,6 +326,22 @@ def test_lowering_for_cuda_emits_the_custom_calls_that_pay(rng, N, H, fwd_call, 
                            inputs["source"], inputs["recurrent_weight"], platform="cuda")
     assert tangent.count("@jax_sgrnn_cuda_forward") == (2 if fwd_call else 0)
     assert ("stablehlo.while" in tangent) != fwd_call
+
+
+@requires_cuda_build
+@pytest.mark.parametrize("grid", [False, True], ids=["default", "SGRNN_CUDA_GRID=1"])
+def test_lowering_for_cuda_takes_the_grid_kernels_only_when_asked_for(grid):
+    """(LOOP_T,256,1024,1024) lowered for cuda (no GPU needed): the decomposition by default,
+    the handler's calls with SGRNN_CUDA_GRID=1 (read once, so asked in a child process)."""
+    code = ("import jax, jax.numpy as jnp, jax_sgrnn\n"
+            f"x = jax.ShapeDtypeStruct(({LOOP_T}, 256, 1024), jnp.float32)\n"
+            "R = jax.ShapeDtypeStruct((1024, 1024), jnp.float32)\n"
+            "f = lambda x, R: jax_sgrnn.single_gate_rnn(x, R, activation='tanh')\n"
+            "print(jax.jit(f).trace(x, R).lower(lowering_platforms=('cuda',)).as_text())\n")
+    run = _child("-c", code, grid=grid)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert ("jax_sgrnn_cuda_forward" in run.stdout) == grid
+    assert ("stablehlo.while" in run.stdout) != grid
 
 
 @requires_cuda_build

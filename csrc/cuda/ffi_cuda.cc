@@ -9,9 +9,12 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <type_traits>
 #include <unordered_map>
 
 #include "cuda/recurrence.h"
@@ -75,14 +78,30 @@ ffi::Error CurrentDeviceLimits(DeviceLimits* out) {
   return ffi::Error::Success();
 }
 
-// The plan for these sizes on the current device, or an error saying why there is none.
-ffi::Error PlanFor(const Dims& d, int64_t element_bytes, RecurrencePlan* out) {
+// The kernels a call runs and their plan.
+struct CallPlan {
+  CudaPath path;  // kBlocks or kGrid
+  RecurrencePlan blocks;
+  GridPlan grid;
+};
+
+// The plan for these sizes on the current device, or an error saying why there is none. The
+// block kernels run wherever their plan fits and ChoosePath does not pick the grid kernels,
+// also where the lowering's typical GPU (RunsOnChip) differs from this one.
+ffi::Error PlanFor(const Dims& d, int64_t element_bytes, CallPlan* out) {
   DeviceLimits limits;
   if (ffi::Error status = CurrentDeviceLimits(&limits); status.failure()) return status;
   if (!IndexesFit(d.T, d.N, d.D, d.H)) {
     return InvalidArgument("the CUDA handler indexes [T, N, D*H] with 32-bit integers, and "
                            "T*N*D*H = " + std::to_string(d.T * d.N * d.D * d.H) +
                            " does not fit (the lowering uses the lax.scan decomposition for it)");
+  }
+  if (GridRequested() && ChoosePath(d.T, d.H, d.N, d.D, element_bytes, limits.multiprocessors,
+                                    limits.shared_bytes, true) == CudaPath::kGrid) {
+    out->path = CudaPath::kGrid;
+    out->grid =
+        *PlanGrid(d.H, d.N, element_bytes, limits.multiprocessors, limits.shared_bytes);
+    return ffi::Error::Success();
   }
   const std::optional<RecurrencePlan> plan =
       PlanRecurrence(d.H, d.N, d.D, element_bytes, limits.multiprocessors, limits.shared_bytes);
@@ -91,8 +110,51 @@ ffi::Error PlanFor(const Dims& d, int64_t element_bytes, RecurrencePlan* out) {
                            " does not fit the CUDA handler's on-chip recurrence (the lowering "
                            "uses the lax.scan decomposition for it)");
   }
-  *out = *plan;
+  out->path = CudaPath::kBlocks;
+  out->blocks = *plan;
   return ffi::Error::Success();
+}
+
+// Runs launch(workspace) with `bytes` of device memory, stream-ordered, from a pool of the
+// handler's own per device that keeps its memory between calls (the default pool gives it back
+// to the driver at each synchronisation), so that XLA's allocator and other libraries' pools
+// are left alone. The memory is freed after the launches on the stream.
+template <typename Launch>
+ffi::Error WithWorkspace(int64_t bytes, cudaStream_t stream, Launch&& launch) {
+  int device = 0;
+  if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) {
+    return CudaError(err, "device query");
+  }
+  cudaMemPool_t pool = nullptr;
+  {
+    static std::mutex mutex;
+    static std::unordered_map<int, cudaMemPool_t> pools;
+    const std::lock_guard<std::mutex> lock(mutex);
+    if (auto it = pools.find(device); it != pools.end()) {
+      pool = it->second;
+    } else {
+      cudaMemPoolProps props = {};
+      props.allocType = cudaMemAllocationTypePinned;
+      props.location.type = cudaMemLocationTypeDevice;
+      props.location.id = device;
+      cudaError_t err = cudaMemPoolCreate(&pool, &props);
+      uint64_t keep = UINT64_MAX;
+      if (err == cudaSuccess) {
+        err = cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
+      }
+      if (err != cudaSuccess) return CudaError(err, "workspace pool");
+      pools.emplace(device, pool);
+    }
+  }
+  void* workspace = nullptr;
+  if (cudaError_t err = cudaMallocFromPoolAsync(&workspace, bytes, pool, stream);
+      err != cudaSuccess) {
+    return CudaError(err, "workspace allocation");
+  }
+  const cudaError_t launched = launch(workspace);
+  const cudaError_t freed = cudaFreeAsync(workspace, stream);
+  if (launched != cudaSuccess) return CudaError(launched, "grid launch");
+  return freed == cudaSuccess ? ffi::Error::Success() : CudaError(freed, "workspace free");
 }
 
 ffi::Error ForwardImpl(ffi::AnyBuffer x, ffi::AnyBuffer R, ffi::AnyBuffer W, ffi::AnyBuffer b,
@@ -107,12 +169,20 @@ ffi::Error ForwardImpl(ffi::AnyBuffer x, ffi::AnyBuffer R, ffi::AnyBuffer W, ffi
   const Dims& d = checked.dims;
   ffi::Error result = ffi::Error::Success();
   status = DispatchFloat<kF32, kF64>(x.element_type(), "CUDA", [&]<typename T>() {
-    RecurrencePlan plan;
+    CallPlan plan;
     if (result = PlanFor(d, sizeof(T), &plan); result.failure()) return;
     const ForwardOperands<T> o = TypedOperands<T>(c, buffers, checked);
     const ForwardArgs<T> args{.source = o.x, .R = o.R, .h0 = o.h0, .mask = o.mask,
                               .seq_lengths = o.seq_lengths, .y = o.y, .z = o.z};
-    if (cudaError_t err = LaunchForward<T>(c, d, plan, args, stream); err != cudaSuccess) {
+    if constexpr (std::is_same_v<T, float>) {  // PlanGrid plans float32 only
+      if (plan.path == CudaPath::kGrid) {
+        result = WithWorkspace(plan.grid.WorkspaceBytes(d.D), stream, [&](void* workspace) {
+          return LaunchGridForward(c, d, plan.grid, args, workspace, stream);
+        });
+        return;
+      }
+    }
+    if (cudaError_t err = LaunchForward<T>(c, d, plan.blocks, args, stream); err != cudaSuccess) {
       result = CudaError(err, "forward launch");
     }
   });
@@ -137,13 +207,28 @@ ffi::Error GradientsImpl(ffi::AnyBuffer x, ffi::AnyBuffer R, ffi::AnyBuffer dy, 
   const Dims& d = checked.dims;
   ffi::Error result = ffi::Error::Success();
   status = DispatchFloat<kF32, kF64>(x.element_type(), "CUDA", [&]<typename T>() {
-    RecurrencePlan plan;
+    CallPlan plan;
     if (result = PlanFor(d, sizeof(T), &plan); result.failure()) return;
-    for (int64_t g = 0; g < checked.G; ++g) {
+    const auto args_of = [&](int64_t g) {
       const GradientOperands<T> o = TypedOperands<T>(c, buffers, checked, g);
-      const GradientArgs<T> args{.R = o.R, .dy = o.dy, .z = o.z, .mask = o.mask,
-                                 .seq_lengths = o.seq_lengths, .d_source = o.dx, .dh0 = o.dh0};
-      if (cudaError_t err = LaunchGradients<T>(c, d, plan, args, stream); err != cudaSuccess) {
+      return GradientArgs<T>{.R = o.R, .dy = o.dy, .z = o.z, .mask = o.mask,
+                             .seq_lengths = o.seq_lengths, .d_source = o.dx, .dh0 = o.dh0};
+    };
+    if constexpr (std::is_same_v<T, float>) {  // PlanGrid plans float32 only
+      if (plan.path == CudaPath::kGrid) {  // the groups one after another, in one workspace
+        result = WithWorkspace(plan.grid.WorkspaceBytes(d.D), stream, [&](void* workspace) {
+          cudaError_t err = cudaSuccess;
+          for (int64_t g = 0; err == cudaSuccess && g < checked.G; ++g) {
+            err = LaunchGridGradients(c, d, plan.grid, args_of(g), workspace, stream);
+          }
+          return err;
+        });
+        return;
+      }
+    }
+    for (int64_t g = 0; g < checked.G; ++g) {
+      if (cudaError_t err = LaunchGradients<T>(c, d, plan.blocks, args_of(g), stream);
+          err != cudaSuccess) {
         result = CudaError(err, "gradients launch");
         return;
       }
@@ -153,6 +238,15 @@ ffi::Error GradientsImpl(ffi::AnyBuffer x, ffi::AnyBuffer R, ffi::AnyBuffer dy, 
 }
 
 }  // namespace
+
+bool GridRequested() {
+  static const bool requested = [] {
+    const char* value = std::getenv("SGRNN_CUDA_GRID");
+    return value != nullptr && std::string_view(value) == "1";
+  }();
+  return requested;
+}
+
 }  // namespace sgrnn::cuda
 
 namespace sgrnn {

@@ -4,6 +4,7 @@
 // use), so programs can be lowered for cuda anywhere the package was built with nvcc.
 #include <cstdint>
 
+#include "cuda/recurrence.h"
 #include "cuda/recurrence_plan.h"
 #include "pybind11/pybind11.h"
 #include "sgrnn/handlers.h"
@@ -13,11 +14,16 @@
 PYBIND11_MODULE(_sgrnn_cuda, m) {
   m.doc() = "jax_sgrnn's XLA FFI handlers for the CUDA platform";
   sgrnn::DefineRegistrations(m, sgrnn::kCudaTargets, sgrnn::CudaForward, sgrnn::CudaGradients);
-  m.def("runs_on_chip", &sgrnn::cuda::RunsOnChip, pybind11::arg("steps"),
-        pybind11::arg("hidden"), pybind11::arg("batch"), pybind11::arg("directions"),
-        pybind11::arg("itemsize"),
-        "Whether the recurrence kernels (the forward's and the gradient op's share one plan) "
-        "hold R of this size on chip and are expected to beat the lax.scan decomposition for "
-        "this batch (csrc/cuda/recurrence_plan.h, RunsOnChip); otherwise the lowering uses "
-        "the latter.");
+  m.def(
+      "runs_on_chip",
+      [](int64_t steps, int64_t hidden, int64_t batch, int64_t directions, int64_t itemsize) {
+        return sgrnn::cuda::RunsOnChip(steps, hidden, batch, directions, itemsize,
+                                       sgrnn::cuda::GridRequested());
+      },
+      pybind11::arg("steps"), pybind11::arg("hidden"), pybind11::arg("batch"),
+      pybind11::arg("directions"), pybind11::arg("itemsize"),
+      "Whether the recurrence kernels (the forward's and the gradient op's share one plan) "
+      "run these sizes and are expected to beat the lax.scan decomposition for this batch "
+      "(csrc/cuda/recurrence_plan.h, RunsOnChip; the grid kernels count only with "
+      "SGRNN_CUDA_GRID=1); otherwise the lowering uses the latter.");
 }

@@ -36,29 +36,6 @@ struct Geometry {
   __device__ int StepStride() const { return N * D * H; }
 };
 
-template <typename T>
-__device__ inline const T* MaskPointer(const MaskView<T>& m, int k, int n, int col) {
-  return m.data + k * static_cast<int>(m.t_stride) + n * static_cast<int>(m.n_stride) +
-         col * static_cast<int>(m.h_stride);
-}
-template <typename T>
-__device__ inline T MaskAt(const MaskView<T>& m, int k, int n, int col) {
-  return m.data ? *MaskPointer(m, k, n, col) : T(1);
-}
-
-// Where processing step k >= 0 of a row with `length` valid steps reads its source (in_time)
-// and stores its outputs (slot); padded steps (k >= length) stay at k.
-struct StepTimes {
-  int in_time, slot;
-  bool valid;
-};
-__device__ inline StepTimes TimesOf(const DirectionLayout& layout, int k, int length) {
-  const bool valid = k < length;
-  const int flipped = length - 1 - k;
-  return {layout.read_reversed && valid ? flipped : k, layout.store_flipped && valid ? flipped : k,
-          valid};
-}
-
 // Writes `value` at `index` of the exchange buffer `buffer` in every block of the cluster
 // (before the loop, where a cluster barrier follows).
 template <typename T>

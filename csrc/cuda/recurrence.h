@@ -8,35 +8,11 @@
 
 #include <cstdint>
 
+#include "cuda/recurrence_args.h"
 #include "cuda/recurrence_plan.h"
 #include "sgrnn/core.h"
 
 namespace sgrnn::cuda {
-
-// Forward recurrence: y (and z when training) from the projected source.
-template <typename T>
-struct ForwardArgs {
-  const T* source;  // projected source x W^T + b [T, N, D*H]
-  const T* R;       // [D, H, H]
-  const T* h0;      // [N, D*H] or null (zeros)
-  MaskView<T> mask;  // over [T, N, D*H]; null data: no mask
-  const int32_t* seq_lengths;  // [N] or null
-  T* y;  // [T, N, D*H]
-  T* z;  // [T, N, D*H] or null
-};
-
-// Backpropagation through time: the gradient of the projected source (dz) and dh0. dR is the
-// sum over steps of dz_k^T (h_{k-1} m_k), one large product that the lowering leaves to XLA.
-template <typename T>
-struct GradientArgs {
-  const T* R;   // [D, H, H]
-  const T* dy;  // [T, N, D*H]
-  const T* z;   // [T, N, D*H]
-  MaskView<T> mask;
-  const int32_t* seq_lengths;
-  T* d_source;  // dz in source time [T, N, D*H]
-  T* dh0;       // [N, D*H] or null
-};
 
 // Enqueue the kernels on `stream`; nothing waits for them. `plan` comes from PlanRecurrence
 // for these sizes. Returns the first CUDA error.
@@ -46,6 +22,21 @@ cudaError_t LaunchForward(const Config& c, const Dims& d, const RecurrencePlan& 
 template <typename T>
 cudaError_t LaunchGradients(const Config& c, const Dims& d, const RecurrencePlan& plan,
                             const GradientArgs<T>& args, cudaStream_t stream);
+
+// Whether the grid kernels were asked for: SGRNN_CUDA_GRID=1 in the environment when the
+// extension first asks (ffi_cuda.cc). Until they are timed on a GPU they run only then
+// (recurrence_plan.h, ChoosePath).
+bool GridRequested();
+
+// The same with each step spread over the whole GPU (grid_recurrence.cu), float32, under a
+// plan from PlanGrid: `workspace` is plan.WorkspaceBytes(d.D) bytes of device memory, which
+// these zero on the stream before the kernels.
+cudaError_t LaunchGridForward(const Config& c, const Dims& d, const GridPlan& plan,
+                              const ForwardArgs<float>& args, void* workspace,
+                              cudaStream_t stream);
+cudaError_t LaunchGridGradients(const Config& c, const Dims& d, const GridPlan& plan,
+                                const GradientArgs<float>& args, void* workspace,
+                                cudaStream_t stream);
 
 }  // namespace sgrnn::cuda
 

@@ -167,6 +167,72 @@ inline std::optional<RecurrencePlan> PlanRecurrence(int64_t H, int64_t N, int64_
   return plan;
 }
 
+// The recurrence with each step spread over the whole GPU (grid_steps.h), for float32 sizes
+// whose step no block or cluster above holds: one block of kGridThreads threads an SM, all
+// resident at once, each owning a tile of rows x units of one direction for every step. A
+// tile's units' R sits in the block's shared memory, the previous state streams from L2 in
+// chunks of kGridChunk entries (kGridStages in flight), and each thread sums a
+// kGridTileRows x kGridTileUnits register tile over its part of a chunk.
+inline constexpr int64_t kGridThreads = 256;
+inline constexpr int64_t kGridChunk = 64;
+inline constexpr int64_t kGridStages = 4;
+inline constexpr int64_t kGridTileRows = 8;
+inline constexpr int64_t kGridTileUnits = 4;
+// A chunk's rows are padded by one 16-byte vector, so that the rows one warp reads at once
+// fall in different shared-memory banks.
+inline constexpr int64_t kGridChunkStride = kGridChunk + 4;
+
+// The tiles of rows x units a grid kernel is built for, in the order the plan tries them:
+// more units a tile first (each block reads its rows' whole state from L2 every step, so the
+// fewer column tiles, the less L2 traffic), then fewer rows (more blocks share the work).
+struct GridTileShape {
+  int64_t rows, units;
+};
+inline constexpr GridTileShape kGridTiles[] = {{64, 32}, {128, 16}, {64, 16}, {128, 8}};
+
+struct GridPlan {
+  GridTileShape tile;
+  int64_t row_tiles, unit_tiles;  // blocks per direction: row_tiles * unit_tiles
+  int64_t padded_hidden;  // H rounded up to whole chunks: R's rows kept, the state's row length
+  int64_t shared_bytes;   // dynamic shared memory per block
+
+  int64_t blocks() const { return row_tiles * unit_tiles; }
+  // Elements of one of the two state buffers, [row_tiles * tile.rows][padded_hidden].
+  int64_t StateElements() const { return row_tiles * tile.rows * padded_hidden; }
+  // Device memory a call needs beside its operands (grid_steps.h): per direction and row tile
+  // a counter of the blocks that handed over, then the two state buffers, all zeroed first.
+  int64_t WorkspaceBytes(int64_t D) const {
+    return (D * row_tiles * static_cast<int64_t>(sizeof(uint32_t)) + 15) / 16 * 16 +
+           2 * StateElements() * static_cast<int64_t>(sizeof(float));
+  }
+};
+
+// A block's shared memory: R's columns of its units [padded_hidden][units], kGridStages chunk
+// buffers [rows][kGridChunkStride] (at a step's end the threads' partial sums), its rows'
+// lengths.
+inline constexpr int64_t GridSharedBytes(int64_t padded_hidden, const GridTileShape& tile) {
+  return static_cast<int64_t>(sizeof(float)) *
+             (padded_hidden * tile.units + kGridStages * tile.rows * kGridChunkStride) +
+         static_cast<int64_t>(sizeof(int32_t)) * tile.rows;
+}
+
+// The first tile whose blocks, one an SM, all fit the device at once with their shared memory,
+// or nothing (then the decomposition runs). float32 only: float64's R takes twice the memory.
+inline GridPlan GridPlanOf(int64_t H, int64_t N, const GridTileShape& tile) {
+  const int64_t padded_hidden = (H + kGridChunk - 1) / kGridChunk * kGridChunk;
+  return {tile, (N + tile.rows - 1) / tile.rows, (H + tile.units - 1) / tile.units, padded_hidden,
+          GridSharedBytes(padded_hidden, tile)};
+}
+inline std::optional<GridPlan> PlanGrid(int64_t H, int64_t N, int64_t element_bytes,
+                                        int64_t multiprocessors, int64_t max_shared_bytes) {
+  if (element_bytes != 4 || H < 1 || N < 1) return std::nullopt;
+  for (const GridTileShape& tile : kGridTiles) {
+    const GridPlan plan = GridPlanOf(H, N, tile);
+    if (plan.blocks() <= multiprocessors && plan.shared_bytes <= max_shared_bytes) return plan;
+  }
+  return std::nullopt;
+}
+
 // The kernels index [T, N, D*H] tensors with 32-bit integers (half the instructions of 64-bit
 // ones on the per-step path), so they run only where every element index fits.
 inline bool IndexesFit(int64_t T, int64_t N, int64_t D, int64_t H) {
@@ -174,20 +240,41 @@ inline bool IndexesFit(int64_t T, int64_t N, int64_t D, int64_t H) {
          D * H * H <= std::numeric_limits<int32_t>::max();
 }
 
-// Whether to run the on-chip recurrence for N rows and D directions rather than the lax.scan
-// decomposition (whose steps are cuBLAS products). Both kernels share one plan. Measured on an
-// H200 (docs/performance.md, "GPU"): the kernels are several times faster while each SM works
-// through a few rows a step, still faster at 16 rows; more rows an SM were not compared. The
-// lowering decides before any GPU is seen, so the rows are counted for a GPU of
-// kTypicalMultiprocessors SMs (H100, H200); one decision covers the op and its gradient.
+// Which of the CUDA handler's paths runs N rows and D directions: the kernels of blocks and
+// clusters (PlanRecurrence), the grid kernels (PlanGrid; only when `grid` is asked for, since
+// they have not yet been timed on a GPU: docs/performance.md), or the lax.scan decomposition,
+// whose steps are cuBLAS products. Measured on an H200 (docs/performance.md, "GPU"): the block
+// kernels are several times faster while each SM works through a few rows a step, still faster
+// at 16 rows; more rows an SM were not compared. The handler asks with its device's limits;
+// the lowering decides before any GPU is seen (RunsOnChip), for a GPU of
+// kTypicalMultiprocessors SMs (H100, H200) whose blocks may take kTypicalSharedBytes.
 inline constexpr int64_t kMaxRowsPerMultiprocessor = 16;
 inline constexpr int64_t kTypicalMultiprocessors = 132;
+inline constexpr int64_t kTypicalSharedBytes = 227 * 1024;
 
-inline bool RunsOnChip(int64_t T, int64_t H, int64_t N, int64_t D, int64_t element_bytes) {
-  const std::optional<RecurrencePlan> plan = PlanRecurrence(
-      H, N, D, element_bytes, kTypicalMultiprocessors, std::numeric_limits<int64_t>::max());
-  return IndexesFit(T, N, D, H) && plan &&
-         plan->rows * ResidentBlocks(*plan) <= kMaxRowsPerMultiprocessor;
+enum class CudaPath { kBlocks, kGrid, kDecomposition };
+
+inline CudaPath ChoosePath(int64_t T, int64_t H, int64_t N, int64_t D, int64_t element_bytes,
+                           int64_t multiprocessors, int64_t max_shared_bytes, bool grid) {
+  if (!IndexesFit(T, N, D, H)) return CudaPath::kDecomposition;
+  // The block kernels' rows an SM, counted as if shared memory held every row in one wave.
+  const std::optional<RecurrencePlan> blocks =
+      PlanRecurrence(H, N, D, element_bytes, multiprocessors, std::numeric_limits<int64_t>::max());
+  if (blocks && blocks->rows * ResidentBlocks(*blocks) <= kMaxRowsPerMultiprocessor) {
+    return CudaPath::kBlocks;
+  }
+  if (grid && PlanGrid(H, N, element_bytes, multiprocessors, max_shared_bytes)) {
+    return CudaPath::kGrid;
+  }
+  return CudaPath::kDecomposition;
+}
+
+// The lowering's question: whether the handler runs these sizes (the forward and the gradient
+// op share one plan), or the decomposition does.
+inline bool RunsOnChip(int64_t T, int64_t H, int64_t N, int64_t D, int64_t element_bytes,
+                       bool grid = false) {
+  return ChoosePath(T, H, N, D, element_bytes, kTypicalMultiprocessors, kTypicalSharedBytes,
+                    grid) != CudaPath::kDecomposition;
 }
 
 }  // namespace sgrnn::cuda

@@ -1,16 +1,21 @@
-// A standalone driver of the CUDA recurrence kernels (csrc/cuda/recurrence.cu), for
-// compute-sanitizer (scripts/sanitize_cuda.sh), which cannot follow a Python process running
-// JAX. It runs the forward and gradient kernels over every kind of launch their plans make
-// (wide blocks, narrow blocks of their own, one narrow block per cluster, clusters of 2, 4
-// and 8, one row, one group of rows or several, both directions, masks, lengths, float and
-// double), with
+// A standalone driver of the CUDA recurrence kernels (csrc/cuda/recurrence.cu and
+// grid_recurrence.cu), for compute-sanitizer (scripts/sanitize_cuda.sh), which cannot follow a
+// Python process running JAX. It runs the forward and gradient kernels over every kind of
+// launch their plans make (wide blocks, narrow blocks of their own, one narrow block per
+// cluster, clusters of 2, 4 and 8, one row, one group of rows or several, both directions,
+// masks, lengths, float and double; the grid kernels wherever PlanGrid fits, float only), with
 // outputs poisoned with NaN first, and checks that each run returns no CUDA error and writes
-// every output element with a finite value. The values themselves are checked against the
-// reference by tests/test_cuda.py.
+// every output element with a finite value, and that where both the block and the grid kernels
+// run they agree. The values themselves are checked against the reference by
+// tests/test_cuda.py.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
+#include <optional>
+#include <type_traits>
 #include <cstdio>
 #include <random>
 #include <string>
@@ -104,29 +109,70 @@ void Run(const Case& k, std::mt19937& rng) {
   std::vector<int32_t> lengths_host(k.lengths ? k.N : 0);
   for (int32_t& L : lengths_host) L = static_cast<int32_t>(rng() % (k.T + 1));
   DeviceArray<int32_t> lengths(lengths_host);
-  DeviceArray<T> y(std::vector<T>(state, nan)), z(std::vector<T>(state, nan));
+  DeviceArray<T> dy(Random<T>(state, rng));
+  const MaskView<T> mask_view =
+      k.mask ? MaskView<T>(mask.data, k.T, k.N, DH) : MaskView<T>();
+  const int32_t* seq_lengths = k.lengths ? lengths.data : nullptr;
 
-  const auto plan = PlanRecurrence(k.H, k.N, D, sizeof(T), sms, shared);
-  if (!plan) return;  // sizes the lowering gives to the decomposition
-  const ForwardArgs<T> fa{x.data, R.data, k.h0 ? h0.data : nullptr,
-                          k.mask ? MaskView<T>(mask.data, k.T, k.N, DH) : MaskView<T>(),
-                          k.lengths ? lengths.data : nullptr, y.data, z.data};
-  if (!Ok(LaunchForward<T>(c, d, *plan, fa, nullptr), name + ": forward launch") ||
-      !Ok(cudaDeviceSynchronize(), name + ": forward run")) {
-    return;
-  }
-  CheckWritten(y, name + ": y");
-  CheckWritten(z, name + ": z");
+  // Runs the forward and the gradients with `launch_forward` and `launch_gradients` (given the
+  // arguments) into outputs poisoned with NaN, checks that each wrote every element, and
+  // returns them: y, z, dz and dh0.
+  const auto run = [&](const std::string& path, auto launch_forward, auto launch_gradients) {
+    std::vector<std::vector<T>> out;
+    const std::string what = name + " (" + path + ")";
+    DeviceArray<T> y(std::vector<T>(state, nan)), z(std::vector<T>(state, nan));
+    const ForwardArgs<T> fa{x.data, R.data, k.h0 ? h0.data : nullptr, mask_view, seq_lengths,
+                            y.data, z.data};
+    if (!Ok(launch_forward(fa), what + ": forward launch") ||
+        !Ok(cudaDeviceSynchronize(), what + ": forward run")) {
+      return out;
+    }
+    CheckWritten(y, what + ": y");
+    CheckWritten(z, what + ": z");
+    DeviceArray<T> dx(std::vector<T>(state, nan)), dh0(std::vector<T>(k.N * DH, nan));
+    const GradientArgs<T> ga{R.data, dy.data, z.data, mask_view, seq_lengths, dx.data, dh0.data};
+    if (!Ok(launch_gradients(ga), what + ": gradients launch") ||
+        !Ok(cudaDeviceSynchronize(), what + ": gradients run")) {
+      return out;
+    }
+    CheckWritten(dx, what + ": dz");
+    CheckWritten(dh0, what + ": dh0");
+    return std::vector<std::vector<T>>{y.Host(), z.Host(), dx.Host(), dh0.Host()};
+  };
 
-  DeviceArray<T> dy(Random<T>(state, rng)), dx(std::vector<T>(state, nan));
-  DeviceArray<T> dh0(std::vector<T>(k.N * DH, nan));
-  const GradientArgs<T> ga{R.data, dy.data, z.data, fa.mask, fa.seq_lengths, dx.data, dh0.data};
-  if (!Ok(LaunchGradients<T>(c, d, *plan, ga, nullptr), name + ": gradients launch") ||
-      !Ok(cudaDeviceSynchronize(), name + ": gradients run")) {
-    return;
+  std::vector<std::vector<T>> blocks_out;
+  if (const auto plan = PlanRecurrence(k.H, k.N, D, sizeof(T), sms, shared)) {
+    blocks_out = run(
+        "blocks",
+        [&](const ForwardArgs<T>& fa) { return LaunchForward<T>(c, d, *plan, fa, nullptr); },
+        [&](const GradientArgs<T>& ga) { return LaunchGradients<T>(c, d, *plan, ga, nullptr); });
   }
-  CheckWritten(dx, name + ": dz");
-  CheckWritten(dh0, name + ": dh0");
+  if constexpr (std::is_same_v<T, float>) {
+    const std::optional<GridPlan> grid = PlanGrid(k.H, k.N, sizeof(T), sms, shared);
+    if (!grid) return;  // sizes the lowering gives to another path
+    void* workspace = nullptr;
+    if (!Ok(cudaMalloc(&workspace, grid->WorkspaceBytes(D)), name + ": workspace")) return;
+    const auto grid_out = run(
+        "grid",
+        [&](const ForwardArgs<T>& fa) {
+          return LaunchGridForward(c, d, *grid, fa, workspace, nullptr);
+        },
+        [&](const GradientArgs<T>& ga) {
+          return LaunchGridGradients(c, d, *grid, ga, workspace, nullptr);
+        });
+    cudaFree(workspace);
+    // Where both paths run, the same results up to the order of the sums.
+    const char* names[] = {"y", "z", "dz", "dh0"};
+    for (size_t i = 0; i < blocks_out.size() && i < grid_out.size(); ++i) {
+      double worst = 0;
+      for (size_t e = 0; e < blocks_out[i].size(); ++e) {
+        const double a = grid_out[i][e], b = blocks_out[i][e];
+        worst = std::max(worst, std::abs(a - b) / (1 + std::abs(b)));
+      }
+      Check(worst < 1e-4, name + ": grid against blocks, " + names[i] + " differs by " +
+                              std::to_string(worst));
+    }
+  }
 }
 
 }  // namespace
@@ -147,6 +193,9 @@ int main() {
       {0, 3, 16, false, false, false, false, true},   // no steps
       {9, 4, 64, true, true, true, true, true},       // narrow blocks of one row, a step ahead
       {100, 1, 48, false, false, false, true, true},  // ... over many steps, with a length
+      {5, 70, 700, true, false, true, true, true},    // grid only: 2 x 22 tiles of 64 x 32
+      {3, 2, 1024, false, true, false, true, false},  // grid only: 32 unit tiles, 16 chunks
+      {4, 129, 33, false, false, true, false, true},  // grid and blocks: 3 x 2 tiles
   };
   int runs = 0;
   for (const Case& k : cases) {

@@ -129,6 +129,18 @@ void PreferenceFollowsRowsPerMultiprocessor() {
   Check(RunsOnChip(65535, 256, 128, 1, 4), "T*N*H = 2^31 - 2^17 on chip");
   Check(!RunsOnChip(65536, 256, 128, 1, 4), "T*N*H = 2^31 by scan");
   Check(!RunsOnChip(32768, 256, 128, 2, 4), "T*N*D*H = 2^31 (bidirectional) by scan");
+  // The grid kernels, where asked for: where the block kernels do not run and PlanGrid fits.
+  Check(RunsOnChip(100, 1024, 256, 1, 4, true) && RunsOnChip(100, 1024, 256, 2, 4, true),
+        "(100,256,1024,1024) by the grid kernels, one direction or two");
+  Check(!RunsOnChip(100, 1024, 256, 1, 8, true), "(100,256,1024,1024) float64 by scan");
+  Check(!RunsOnChip(50, 1024, 1024, 1, 4, true), "(50,1024,1024,1024) by scan (512 tiles)");
+  Check(!RunsOnChip(50, 256, 2048, 1, 4, true), "(50,2048,256,256) by scan (256 tiles at least)");
+  Check(RunsOnChip(50, 700, 300, 1, 4, true), "(50,300,700,700) by the grid kernels");
+  Check(ChoosePath(1000, 128, 8, 1, 4, 132, 227 * 1024, true) == CudaPath::kBlocks &&
+            ChoosePath(50, 256, 1024, 1, 4, 132, 227 * 1024, true) == CudaPath::kBlocks,
+        "the block kernels where they run, grid or not");
+  Check(ChoosePath(65536, 256, 128, 1, 4, 132, 227 * 1024, true) == CudaPath::kDecomposition,
+        "T*N*H = 2^31 by scan, grid or not");
 }
 
 }  // namespace

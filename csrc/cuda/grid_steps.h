@@ -1,0 +1,380 @@
+// The recurrence with each step spread over the whole GPU (the plan is recurrence_plan.h's
+// PlanGrid): for float32 sizes whose step no block or cluster of recurrence.cu's kernels holds.
+//
+// One launch runs all T steps of one direction. Block (row tile, unit tile) owns BM batch rows
+// x BN hidden units for every step and keeps those units' R in shared memory, entry-major
+// (forward: rows j of R; backward: columns j). A step multiplies the previous state (forward:
+// h_{k-1} m_k; backward: dz_k) of the block's rows by them: the state streams from a buffer in
+// global memory (L2) in chunks of kGridChunk entries, kGridStages in flight, and the threads
+// split each chunk's entries into KS parts, each part's threads a TM x TN register tile of the
+// block's outputs, summed through shared memory at the step's end. Then the thread that owns
+// each output applies the step's rule (as recurrence.cu's owners do), stores the results, and
+// writes the next state into the other of two state buffers. The blocks of a row tile hand
+// over: each counts itself in the row tile's counter, and none reads the next state before all
+// have counted.
+//
+// The step loop is written against a small interface P, so that it also compiles for the host:
+// recurrence.cu's grid kernels give the GPU's, tests/cpp/test_grid_steps.cc an emulation that
+// runs every GPU thread as a host thread. P has static functions:
+//   Sync()                   the block's barrier
+//   CopyAsync16(to, from)    copies 16 bytes from global to shared memory, asynchronously
+//   Commit(), Wait<n>()      ends a group of copies; waits until at most n groups are pending
+//   Arrive(counter)          adds one to a counter after this block's stores (release)
+//   WaitFor(counter, value)  waits until the counter reaches value (acquire)
+#ifndef JAX_SGRNN_CUDA_GRID_STEPS_H_
+#define JAX_SGRNN_CUDA_GRID_STEPS_H_
+
+#include <cstdint>
+
+#include "cuda/recurrence_args.h"
+#include "cuda/recurrence_plan.h"
+#include "sgrnn/core.h"
+
+#if defined(__CUDACC__)
+#define SGRNN_DEVICE __device__
+#define SGRNN_UNROLL _Pragma("unroll")
+#else
+#define SGRNN_DEVICE
+#define SGRNN_UNROLL
+#endif
+
+namespace sgrnn::cuda {
+
+// The split of a BM x BN tile over a block's kGridThreads threads.
+template <int kRows, int kUnits>
+struct GridTile {
+  static constexpr int BM = kRows, BN = kUnits;
+  static constexpr int TM = kGridTileRows, TN = kGridTileUnits;
+  static constexpr int kThreads = kGridThreads, KC = kGridChunk, kStages = kGridStages;
+  static constexpr int kStride = kGridChunkStride;
+  // A thread's TM rows are BM / TM apart, so that the rows one warp reads lie in different
+  // banks (kStride is 4 banks past a multiple of 32).
+  static constexpr int kRowGroups = BM / TM, kUnitGroups = BN / TN;
+  static constexpr int kPartThreads = kRowGroups * kUnitGroups;
+  static constexpr int KS = kThreads / kPartThreads;  // parts of a chunk's entries
+  static constexpr int kPartEntries = KC / KS;
+  static constexpr int kOutputs = BM * BN / kThreads;  // outputs each thread owns
+  static constexpr int kChunkVectors = BM * KC / 4 / kThreads;  // 16-byte copies per chunk
+  static_assert(BM % TM == 0 && BN % TN == 0 && TN == 4);
+  static_assert(kPartThreads % 32 == 0 && kThreads % kPartThreads == 0, "warps within a part");
+  static_assert(kPartEntries % 4 == 0 && (BM * BN) % kThreads == 0 &&
+                (BM * KC / 4) % kThreads == 0);
+  static_assert(KS * BN <= kStages * kStride, "the parts' sums fit the chunk buffers");
+};
+
+struct alignas(16) Float4 {
+  float v[4];
+};
+
+// Per-launch sizes. Element indices are 32-bit (IndexesFit).
+struct GridGeometry {
+  int T, N, H, D;
+  int direction;
+  int unit_tiles;     // blocks of a row tile
+  int padded_hidden;  // Hp: R's rows kept, the state buffers' row length (whole chunks)
+  int state;          // elements of one state buffer
+};
+
+// A block's place and shared memory (recurrence_plan.h's GridSharedBytes).
+template <typename Tile>
+struct GridBlock {
+  int row_tile, row0, unit0;  // the tile's first row and unit
+  int thread, part, row_group, unit_group;
+  float* R_units;  // [Hp][BN]: entry i of the tile's unit u at i * BN + u
+  float* chunks;   // kStages x [BM][kStride]; the parts' sums [KS][BM][BN] at a step's end
+  int32_t* lengths;  // [BM]
+
+  SGRNN_DEVICE GridBlock(const GridGeometry& g, int block, int thread_index, float* shared) {
+    row_tile = block / g.unit_tiles;
+    row0 = row_tile * Tile::BM;
+    unit0 = (block % g.unit_tiles) * Tile::BN;
+    thread = thread_index;
+    part = thread / Tile::kPartThreads;
+    row_group = thread % Tile::kPartThreads / Tile::kUnitGroups;
+    unit_group = thread % Tile::kUnitGroups;
+    R_units = shared;
+    chunks = R_units + g.padded_hidden * Tile::BN;
+    lengths = reinterpret_cast<int32_t*>(chunks + Tile::kStages * Tile::BM * Tile::kStride);
+  }
+  // This thread's output e: its row within the tile, and its unit.
+  SGRNN_DEVICE int OutputRow(int e) const { return (thread + e * Tile::kThreads) / Tile::BN; }
+  SGRNN_DEVICE int OutputUnit(int e) const { return (thread + e * Tile::kThreads) % Tile::BN; }
+};
+
+// One output of a thread: where it lies, and whether it exists (rows past N and units past H
+// only pad the tile).
+struct GridOutput {
+  int row, n, unit;  // row in the tile, batch row, hidden unit j
+  int column, index;  // d*H + j; the element (n, column) of [N, D*H]
+  bool live;
+  // This output's element of a state buffer.
+  SGRNN_DEVICE int StateIndex(const GridGeometry& g) const { return n * g.padded_hidden + unit; }
+};
+template <typename Tile>
+SGRNN_DEVICE inline GridOutput OutputOf(const GridBlock<Tile>& blk, const GridGeometry& g,
+                                        int e) {
+  const int row = blk.OutputRow(e), n = blk.row0 + row, j = blk.unit0 + blk.OutputUnit(e);
+  const int column = g.direction * g.H + j;
+  return {row, n, j, column, n * g.D * g.H + column, n < g.N && j < g.H};
+}
+
+// Fills the block's R (its units' rows of R, or with `columns` its columns; zero past H) and
+// its rows' lengths, then meets at the block barrier.
+template <typename Tile, typename P>
+SGRNN_DEVICE void LoadBlock(const GridBlock<Tile>& blk, const GridGeometry& g, const float* R,
+                            const int32_t* seq_lengths, bool columns) {
+  const float* R_d = R + g.direction * g.H * g.H;
+  for (int i = blk.thread; i < g.padded_hidden * Tile::BN; i += Tile::kThreads) {
+    // Rows of R are read along their entries; columns along the units.
+    const int u = columns ? i % Tile::BN : i / g.padded_hidden;
+    const int entry = columns ? i / Tile::BN : i % g.padded_hidden;
+    const int j = blk.unit0 + u;
+    float w = 0.0f;
+    if (entry < g.H && j < g.H) w = columns ? R_d[entry * g.H + j] : R_d[j * g.H + entry];
+    blk.R_units[entry * Tile::BN + u] = w;
+  }
+  for (int b = blk.thread; b < Tile::BM; b += Tile::kThreads) {
+    const int n = blk.row0 + b;
+    blk.lengths[b] = n < g.N ? static_cast<int32_t>(RowLength(seq_lengths, n, g.T)) : 0;
+  }
+  P::Sync();
+}
+
+// The step's products of the block's tile: sum over i of state[n][i] R_units[i][u] for its rows
+// and units, left with each output's owner in `total`. `state` is the state buffer the step
+// reads; the chunks are free again when this returns (after a block barrier).
+template <typename Tile, typename P>
+SGRNN_DEVICE void StepProducts(const GridBlock<Tile>& blk, const GridGeometry& g,
+                               const float* state, float (&total)[Tile::kOutputs]) {
+  constexpr int BM = Tile::BM, BN = Tile::BN, TM = Tile::TM, TN = Tile::TN, KC = Tile::KC;
+  constexpr int kStages = Tile::kStages, kStride = Tile::kStride;
+  const int chunks = g.padded_hidden / KC;
+  const float* rows = state + blk.row0 * g.padded_hidden;
+  const auto load = [&](int c) {
+    if (c < chunks) {
+      float* to = blk.chunks + (c % kStages) * BM * kStride;
+SGRNN_UNROLL
+      for (int e = 0; e < Tile::kChunkVectors; ++e) {
+        const int v = blk.thread + e * Tile::kThreads, r = v / (KC / 4), q = v % (KC / 4);
+        P::CopyAsync16(to + r * kStride + q * 4, rows + r * g.padded_hidden + c * KC + q * 4);
+      }
+    }
+    P::Commit();  // empty past the last chunk: the count of groups stays uniform
+  };
+  for (int c = 0; c < kStages - 1; ++c) load(c);
+  float acc[TM][TN];
+SGRNN_UNROLL
+  for (int i = 0; i < TM; ++i) {
+SGRNN_UNROLL
+    for (int u = 0; u < TN; ++u) acc[i][u] = 0.0f;
+  }
+  for (int c = 0; c < chunks; ++c) {
+    P::template Wait<kStages - 2>();  // chunk c is in (this thread's copies) ...
+    P::Sync();  // ... and everyone's; chunk c - 1's buffer, which c + kStages - 1 takes, is read
+    load(c + kStages - 1);
+    const float* h = blk.chunks + (c % kStages) * BM * kStride + blk.part * Tile::kPartEntries;
+    const float* w = blk.R_units + (c * KC + blk.part * Tile::kPartEntries) * BN +
+                     blk.unit_group * TN;
+SGRNN_UNROLL
+    for (int k = 0; k < Tile::kPartEntries; k += 4) {
+      Float4 a[TM], b[4];  // 16-byte shared loads: rows' 4 entries, 4 entries' units
+SGRNN_UNROLL
+      for (int i = 0; i < TM; ++i) {
+        a[i] = *reinterpret_cast<const Float4*>(
+            h + (blk.row_group + i * Tile::kRowGroups) * kStride + k);
+      }
+SGRNN_UNROLL
+      for (int x = 0; x < 4; ++x) b[x] = *reinterpret_cast<const Float4*>(w + (k + x) * BN);
+SGRNN_UNROLL
+      for (int i = 0; i < TM; ++i) {
+SGRNN_UNROLL
+        for (int x = 0; x < 4; ++x) {
+SGRNN_UNROLL
+          for (int u = 0; u < TN; ++u) acc[i][u] += a[i].v[x] * b[x].v[u];
+        }
+      }
+    }
+  }
+  P::template Wait<0>();
+  P::Sync();  // every part is done with the chunks, which now take the parts' sums
+  float* sums = blk.chunks;
+SGRNN_UNROLL
+  for (int i = 0; i < TM; ++i) {
+SGRNN_UNROLL
+    for (int u = 0; u < TN; ++u) {
+      sums[(blk.part * BM + blk.row_group + i * Tile::kRowGroups) * BN + blk.unit_group * TN + u] =
+          acc[i][u];
+    }
+  }
+  P::Sync();
+SGRNN_UNROLL
+  for (int e = 0; e < Tile::kOutputs; ++e) {
+    const int o = blk.thread + e * Tile::kThreads;
+    float sum = 0.0f;
+SGRNN_UNROLL
+    for (int p = 0; p < Tile::KS; ++p) sum += sums[p * BM * BN + o];
+    total[e] = sum;
+  }
+}
+
+// The hand-over after the state's writes of hand-over `index` (0: the initial state; k + 1:
+// after step k): every block of the row tile has written its part before any reads on. Its
+// first barrier also keeps the next step's chunk copies from overwriting the sums still read.
+template <typename P>
+SGRNN_DEVICE void HandOver(uint32_t* counter, int index, int unit_tiles, int thread) {
+  P::Sync();
+  if (thread == 0) {
+    P::Arrive(counter);
+    P::WaitFor(counter, static_cast<uint32_t>((index + 1) * unit_tiles));
+  }
+  P::Sync();
+}
+
+// Forward, step k = 0, 1, ... of direction g.direction: z_k = x_k + (h_{k-1} m_k) R^T,
+// h_k = act(z_k), stored in the direction's output slot; a finished row keeps its state and
+// gives zeros (recurrence.cu's ForwardKernel, per output). `states` holds the two state
+// buffers, `counters` a counter per row tile (both zeroed before the launch).
+template <Activation A, typename Tile, typename P>
+SGRNN_DEVICE void GridForwardSteps(const Config& c, const GridGeometry& g,
+                                   const ForwardArgs<float>& a, float* states,
+                                   uint32_t* counters, int block, int thread, float* shared) {
+  const GridBlock<Tile> blk(g, block, thread, shared);
+  const DirectionLayout layout = LayoutOf(c, g.direction);
+  const int step = g.N * g.D * g.H;
+  uint32_t* counter = counters + blk.row_tile;
+  LoadBlock<Tile, P>(blk, g, a.R, a.seq_lengths, false);
+  // The state an output's row carries (kept over its padded steps).
+  float carried[Tile::kOutputs];
+SGRNN_UNROLL
+  for (int e = 0; e < Tile::kOutputs; ++e) {
+    const GridOutput o = OutputOf(blk, g, e);
+    carried[e] = o.live && a.h0 ? a.h0[o.index] : 0.0f;
+    if (o.live) {
+      states[o.StateIndex(g)] = carried[e] * MaskAt(a.mask, 0, o.n, o.column);
+    }
+  }
+  HandOver<P>(counter, 0, g.unit_tiles, thread);
+  for (int k = 0; k < g.T; ++k) {
+    float input[Tile::kOutputs], mask_next[Tile::kOutputs];
+SGRNN_UNROLL
+    for (int e = 0; e < Tile::kOutputs; ++e) {  // read before the products, which hide them
+      const GridOutput o = OutputOf(blk, g, e);
+      const StepTimes t = TimesOf(layout, k, blk.lengths[o.row]);
+      input[e] = o.live && t.valid ? a.source[t.in_time * step + o.index] : 0.0f;
+      mask_next[e] = o.live && k + 1 < g.T ? MaskAt(a.mask, k + 1, o.n, o.column) : 1.0f;
+    }
+    float total[Tile::kOutputs];
+    StepProducts<Tile, P>(blk, g, states + (k & 1) * g.state, total);
+    float* next = states + ((k + 1) & 1) * g.state;
+SGRNN_UNROLL
+    for (int e = 0; e < Tile::kOutputs; ++e) {
+      const GridOutput o = OutputOf(blk, g, e);
+      if (!o.live) continue;
+      const StepTimes t = TimesOf(layout, k, blk.lengths[o.row]);
+      const float z = input[e] + total[e];
+      const float h = t.valid ? Activate<A>(z) : carried[e];
+      const int out = t.slot * step + o.index;
+      a.y[out] = t.valid ? h : 0.0f;
+      if (a.z) a.z[out] = t.valid ? z : 0.0f;
+      carried[e] = h;
+      if (k + 1 < g.T) next[o.StateIndex(g)] = h * mask_next[e];
+    }
+    if (k + 1 < g.T) HandOver<P>(counter, k + 1, g.unit_tiles, thread);
+  }
+}
+
+// Backward, step k = T-1, T-2, ... (the i-th processed is k = T - 1 - i) of direction
+// g.direction: the step reads dz_k, and its products give the carry (dz_k R) m_k (zero at a
+// padded step), from which dz_{k-1} = (dy_{k-1} + carry) act'(z_{k-1}) (zero at a padded
+// step), stored in source time, is the next step's state; step 0's carry is dh0
+// (recurrence.cu's BackwardKernel, per output).
+template <Activation A, typename Tile, typename P>
+SGRNN_DEVICE void GridGradientSteps(const Config& c, const GridGeometry& g,
+                                    const GradientArgs<float>& a, float* states,
+                                    uint32_t* counters, int block, int thread, float* shared) {
+  const GridBlock<Tile> blk(g, block, thread, shared);
+  const DirectionLayout layout = LayoutOf(c, g.direction);
+  const int step = g.N * g.D * g.H;
+  uint32_t* counter = counters + blk.row_tile;
+  LoadBlock<Tile, P>(blk, g, a.R, a.seq_lengths, true);
+SGRNN_UNROLL
+  for (int e = 0; e < Tile::kOutputs; ++e) {  // dz_{T-1}
+    const GridOutput o = OutputOf(blk, g, e);
+    if (!o.live) continue;
+    const StepTimes t = TimesOf(layout, g.T - 1, blk.lengths[o.row]);
+    const int at = t.slot * step + o.index;
+    const float dz = t.valid ? a.dy[at] * ActivateGrad<A>(a.z[at]) : 0.0f;
+    a.d_source[t.in_time * step + o.index] = dz;
+    states[o.StateIndex(g)] = dz;
+  }
+  HandOver<P>(counter, 0, g.unit_tiles, thread);
+  for (int i = 0; i < g.T; ++i) {
+    const int k = g.T - 1 - i;
+    float mask[Tile::kOutputs], dy[Tile::kOutputs], slope[Tile::kOutputs];
+SGRNN_UNROLL
+    for (int e = 0; e < Tile::kOutputs; ++e) {  // m_k, dy_{k-1} and act'(z_{k-1})
+      const GridOutput o = OutputOf(blk, g, e);
+      const StepTimes previous = TimesOf(layout, k > 0 ? k - 1 : 0, blk.lengths[o.row]);
+      const bool has_previous = o.live && k > 0 && previous.valid;
+      const int at = previous.slot * step + o.index;
+      mask[e] = o.live ? MaskAt(a.mask, k, o.n, o.column) : 0.0f;
+      dy[e] = has_previous ? a.dy[at] : 0.0f;
+      slope[e] = has_previous ? ActivateGrad<A>(a.z[at]) : 0.0f;
+    }
+    float total[Tile::kOutputs];
+    StepProducts<Tile, P>(blk, g, states + (i & 1) * g.state, total);
+    float* next = states + ((i + 1) & 1) * g.state;
+SGRNN_UNROLL
+    for (int e = 0; e < Tile::kOutputs; ++e) {
+      const GridOutput o = OutputOf(blk, g, e);
+      if (!o.live) continue;
+      const int length = blk.lengths[o.row];
+      const float carry = k < length ? total[e] * mask[e] : 0.0f;
+      if (k > 0) {
+        const StepTimes previous = TimesOf(layout, k - 1, length);
+        const float dz = previous.valid ? (dy[e] + carry) * slope[e] : 0.0f;
+        a.d_source[previous.in_time * step + o.index] = dz;
+        next[o.StateIndex(g)] = dz;
+      } else if (a.dh0) {
+        a.dh0[o.index] = carry;
+      }
+    }
+    if (k > 0) HandOver<P>(counter, i + 1, g.unit_tiles, thread);
+  }
+}
+
+inline GridGeometry GridGeometryOf(const Dims& d, const GridPlan& plan, int direction) {
+  return {static_cast<int>(d.T),          static_cast<int>(d.N),
+          static_cast<int>(d.H),          static_cast<int>(d.D),
+          direction,                      static_cast<int>(plan.unit_tiles),
+          static_cast<int>(plan.padded_hidden), static_cast<int>(plan.StateElements())};
+}
+
+// A call's workspace (GridPlan::WorkspaceBytes), zeroed before the first direction's launch:
+// the state buffers' padding (rows past N, entries past H) must read as zeros.
+struct GridWorkspace {
+  uint32_t* counters;  // [D][row_tiles]
+  float* states;       // two buffers of GridPlan::StateElements()
+
+  GridWorkspace(void* base, const GridPlan& plan, int64_t D)
+      : counters(static_cast<uint32_t*>(base)),
+        states(reinterpret_cast<float*>(static_cast<char*>(base) + plan.WorkspaceBytes(D) -
+                                        2 * plan.StateElements() * sizeof(float))) {}
+  uint32_t* CountersOf(const GridPlan& plan, int direction) const {
+    return counters + direction * plan.row_tiles;
+  }
+};
+
+// Calls f.template operator()<GridTile<...>>() with the plan's tile as a type.
+template <typename F>
+decltype(auto) DispatchGridTile(const GridTileShape& tile, F&& f) {
+  static_assert(sizeof(kGridTiles) / sizeof(kGridTiles[0]) == 4, "a case per tile below");
+  if (tile.rows == 64 && tile.units == 32) return f.template operator()<GridTile<64, 32>>();
+  if (tile.rows == 128 && tile.units == 16) return f.template operator()<GridTile<128, 16>>();
+  if (tile.rows == 64 && tile.units == 16) return f.template operator()<GridTile<64, 16>>();
+  return f.template operator()<GridTile<128, 8>>();
+}
+
+}  // namespace sgrnn::cuda
+
+#endif  // JAX_SGRNN_CUDA_GRID_STEPS_H_

@@ -1,0 +1,301 @@
+// Unit test of csrc/cuda/grid_steps.h, the step loop of the CUDA kernels that spread each step
+// over the whole GPU, on any machine: every GPU thread of a launch runs as a host thread (the
+// block barrier a std::barrier, the async copies plain copies, the row tiles' counters
+// atomics), over a grid of flags, activations, tiles and sizes that leave partial tiles and
+// chunks, against a double-precision loop of the spec (docs/semantics.md). It checks the
+// kernels' indexing, time order, masks, lengths and hand-over; not the GPU's memory ordering or
+// timing, which need a GPU (tests/test_cuda.py, tests/cpp/cuda_sanitize.cu). Built and run by
+// tests/test_cpp_units.py; prints each failed check and exits non-zero.
+#include "cuda/grid_steps.h"
+
+#include "checks.h"
+
+#include <algorithm>
+#include <atomic>
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using namespace sgrnn;
+using namespace sgrnn::cuda;
+using unit_test::Check;
+
+thread_local std::barrier<>* block_barrier = nullptr;
+
+// grid_steps.h's machine interface, for host threads.
+struct HostMachine {
+  static void Sync() { block_barrier->arrive_and_wait(); }
+  static void CopyAsync16(float* to, const float* from) { std::memcpy(to, from, 16); }
+  static void Commit() {}
+  template <int kPending>
+  static void Wait() {}
+  static void Arrive(uint32_t* counter) {
+    std::atomic_ref<uint32_t>(*counter).fetch_add(1, std::memory_order_release);
+  }
+  static void WaitFor(uint32_t* counter, uint32_t value) {
+    while (std::atomic_ref<uint32_t>(*counter).load(std::memory_order_acquire) < value) {
+      std::this_thread::yield();
+    }
+  }
+};
+
+// Runs body(block, thread, shared) for every thread of `blocks` blocks at once, each block with
+// its own shared memory (filled with NaN: what the kernels read must have been written).
+template <typename Body>
+void Launch(int64_t blocks, int64_t shared_bytes, Body body) {
+  std::vector<std::unique_ptr<std::barrier<>>> barriers;
+  std::vector<std::vector<float>> shared(blocks);
+  for (int64_t b = 0; b < blocks; ++b) {
+    barriers.push_back(std::make_unique<std::barrier<>>(kGridThreads));
+    shared[b].assign(shared_bytes / sizeof(float), std::nanf(""));
+  }
+  std::vector<std::thread> threads;
+  for (int64_t b = 0; b < blocks; ++b) {
+    for (int t = 0; t < kGridThreads; ++t) {
+      threads.emplace_back([&, b, t] {
+        block_barrier = barriers[b].get();
+        body(static_cast<int>(b), t, shared[b].data());
+      });
+    }
+  }
+  for (std::thread& t : threads) t.join();
+}
+
+struct Case {
+  Config c;
+  Dims d;
+  GridTileShape tile;
+  bool mask, lengths;
+
+  std::string Name() const {
+    return "T=" + std::to_string(d.T) + " N=" + std::to_string(d.N) + " H=" +
+           std::to_string(d.H) + " D=" + std::to_string(d.D) + " tile " +
+           std::to_string(tile.rows) + "x" + std::to_string(tile.units) + " act " +
+           std::to_string(static_cast<int>(c.activation)) + (c.reverse ? " reverse" : "") +
+           (c.has_init_state ? " h0" : "") + (mask ? " mask" : "") + (lengths ? " lengths" : "");
+  }
+};
+
+struct Inputs {
+  std::vector<float> x, R, h0, mask, dy;
+  std::vector<int32_t> lengths;
+};
+
+// The spec's forward for one call, in double: y and z [T, N, D*H].
+template <Activation A>
+void ReferenceForward(const Case& k, const Inputs& in, std::vector<double>& y,
+                      std::vector<double>& z) {
+  const Dims& d = k.d;
+  const int64_t DH = d.D * d.H;
+  y.assign(d.T * d.N * DH, 0.0);
+  z.assign(d.T * d.N * DH, 0.0);
+  for (int64_t dir = 0; dir < d.D; ++dir) {
+    const bool read_reversed = dir == 1 || (k.c.reverse && !k.c.bidirectional);
+    const bool store_flipped = dir == 1;
+    for (int64_t n = 0; n < d.N; ++n) {
+      const int64_t L = k.lengths ? std::clamp<int64_t>(in.lengths[n], 0, d.T) : d.T;
+      std::vector<double> h(d.H, 0.0), next(d.H);
+      if (k.c.has_init_state) {
+        for (int64_t j = 0; j < d.H; ++j) h[j] = in.h0[n * DH + dir * d.H + j];
+      }
+      for (int64_t s = 0; s < L; ++s) {
+        const int64_t in_time = read_reversed ? L - 1 - s : s;
+        const int64_t slot = store_flipped ? L - 1 - s : s;
+        for (int64_t j = 0; j < d.H; ++j) {
+          double sum = in.x[(in_time * d.N + n) * DH + dir * d.H + j];
+          for (int64_t i = 0; i < d.H; ++i) {
+            const double m = k.mask ? in.mask[(s * d.N + n) * DH + dir * d.H + i] : 1.0;
+            sum += static_cast<double>(in.R[(dir * d.H + j) * d.H + i]) * h[i] * m;
+          }
+          z[(slot * d.N + n) * DH + dir * d.H + j] = sum;
+          next[j] = Activate<A>(sum);
+          y[(slot * d.N + n) * DH + dir * d.H + j] = next[j];
+        }
+        h.swap(next);
+      }
+    }
+  }
+}
+
+// Backpropagation of sum(y * dy) through the spec's forward, in double, with z as given:
+// d_source [T, N, D*H] (in source time) and dh0 [N, D*H].
+template <Activation A>
+void ReferenceGradients(const Case& k, const Inputs& in, const std::vector<float>& z,
+                        std::vector<double>& d_source, std::vector<double>& dh0) {
+  const Dims& d = k.d;
+  const int64_t DH = d.D * d.H;
+  d_source.assign(d.T * d.N * DH, 0.0);
+  dh0.assign(d.N * DH, 0.0);
+  for (int64_t dir = 0; dir < d.D; ++dir) {
+    const bool read_reversed = dir == 1 || (k.c.reverse && !k.c.bidirectional);
+    const bool store_flipped = dir == 1;
+    for (int64_t n = 0; n < d.N; ++n) {
+      const int64_t L = k.lengths ? std::clamp<int64_t>(in.lengths[n], 0, d.T) : d.T;
+      std::vector<double> later(d.H, 0.0), dz(d.H);  // later: d/dh_s from steps after s
+      for (int64_t s = L - 1; s >= 0; --s) {
+        const int64_t in_time = read_reversed ? L - 1 - s : s;
+        const int64_t slot = store_flipped ? L - 1 - s : s;
+        for (int64_t j = 0; j < d.H; ++j) {
+          const int64_t at = (slot * d.N + n) * DH + dir * d.H + j;
+          dz[j] = (in.dy[at] + later[j]) * ActivateGrad<A>(z[at]);
+          d_source[(in_time * d.N + n) * DH + dir * d.H + j] = dz[j];
+        }
+        for (int64_t i = 0; i < d.H; ++i) {
+          double sum = 0.0;
+          for (int64_t j = 0; j < d.H; ++j) sum += dz[j] * in.R[(dir * d.H + j) * d.H + i];
+          const double m = k.mask ? in.mask[(s * d.N + n) * DH + dir * d.H + i] : 1.0;
+          later[i] = sum * m;
+        }
+      }
+      for (int64_t i = 0; i < d.H; ++i) dh0[n * DH + dir * d.H + i] = later[i];
+    }
+  }
+}
+
+template <typename Got>
+void Compare(const Got& got, const std::vector<double>& want, const std::string& what) {
+  double worst = 0.0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double error = std::abs(got[i] - want[i]) / (1.0 + std::abs(want[i]));
+    worst = std::isnan(error) ? INFINITY : std::max(worst, error);
+  }
+  Check(worst < 2e-5, what + ": worst relative error " + std::to_string(worst));
+}
+
+template <Activation A>
+void Run(const Case& k, std::mt19937& rng) {
+  const Dims& d = k.d;
+  const int64_t DH = d.D * d.H;
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const float scale = 0.5f / std::sqrt(static_cast<float>(d.H));
+  Inputs in;
+  in.x.resize(d.T * d.N * DH);
+  in.R.resize(d.D * d.H * d.H);
+  in.h0.resize(d.N * DH);
+  in.mask.resize(d.T * d.N * DH);
+  in.dy.resize(d.T * d.N * DH);
+  in.lengths.resize(d.N);
+  for (float& v : in.x) v = normal(rng);
+  for (float& v : in.R) v = scale * normal(rng);
+  for (float& v : in.h0) v = 0.5f * normal(rng);
+  for (float& v : in.dy) v = normal(rng);
+  const float mask_values[] = {0.0f, 1.0f, 1.0f, 0.5f};
+  for (float& v : in.mask) v = mask_values[rng() % 4];
+  for (int32_t& v : in.lengths) v = static_cast<int32_t>(rng() % (d.T + 2)) - 1;  // -1 .. T
+
+  const GridPlan plan = GridPlanOf(d.H, d.N, k.tile);
+  const MaskView<float> mask = k.mask ? MaskView<float>(in.mask.data(), d.T, d.N, DH)
+                                      : MaskView<float>();
+  const int32_t* lengths = k.lengths ? in.lengths.data() : nullptr;
+  std::vector<char> workspace(plan.WorkspaceBytes(d.D));
+  const auto run_directions = [&](auto&& body) {
+    std::fill(workspace.begin(), workspace.end(), 0);
+    const GridWorkspace w(workspace.data(), plan, d.D);
+    for (int direction = 0; direction < d.D; ++direction) {
+      const GridGeometry g = GridGeometryOf(d, plan, direction);
+      Launch(plan.blocks(), plan.shared_bytes, [&](int block, int thread, float* shared) {
+        body(g, w.states, w.CountersOf(plan, direction), block, thread, shared);
+      });
+    }
+  };
+
+  std::vector<float> y(d.T * d.N * DH, std::nanf("")), z(y);
+  const ForwardArgs<float> forward{in.x.data(), in.R.data(),
+                                   k.c.has_init_state ? in.h0.data() : nullptr, mask, lengths,
+                                   y.data(), z.data()};
+  DispatchGridTile(k.tile, [&]<typename Tile>() {
+    run_directions([&](const GridGeometry& g, float* states, uint32_t* counters, int block,
+                       int thread, float* shared) {
+      GridForwardSteps<A, Tile, HostMachine>(k.c, g, forward, states, counters, block, thread,
+                                             shared);
+    });
+  });
+  std::vector<double> y_want, z_want;
+  ReferenceForward<A>(k, in, y_want, z_want);
+  Compare(y, y_want, k.Name() + ": y");
+  Compare(z, z_want, k.Name() + ": z");
+
+  std::vector<float> z_given(z_want.begin(), z_want.end());
+  std::vector<float> d_source(d.T * d.N * DH, std::nanf("")), dh0(d.N * DH, std::nanf(""));
+  const GradientArgs<float> gradients{in.R.data(), in.dy.data(), z_given.data(), mask, lengths,
+                                      d_source.data(), dh0.data()};
+  DispatchGridTile(k.tile, [&]<typename Tile>() {
+    run_directions([&](const GridGeometry& g, float* states, uint32_t* counters, int block,
+                       int thread, float* shared) {
+      GridGradientSteps<A, Tile, HostMachine>(k.c, g, gradients, states, counters, block,
+                                              thread, shared);
+    });
+  });
+  std::vector<double> d_source_want, dh0_want;
+  ReferenceGradients<A>(k, in, z_given, d_source_want, dh0_want);
+  Compare(d_source, d_source_want, k.Name() + ": dz");
+  Compare(dh0, dh0_want, k.Name() + ": dh0");
+}
+
+// Sizes that leave partial row tiles, unit tiles and chunks, more chunks than stages (H = 300),
+// one row, and each tile shape; per size, flags from plain to every option.
+void StepLoopsMatchTheSpec() {
+  struct Size {
+    int64_t T, N, H;
+    GridTileShape tile;
+  };
+  const Size sizes[] = {{4, 70, 40, {64, 32}}, {3, 2, 300, {64, 32}}, {3, 130, 20, {128, 16}},
+                        {5, 3, 33, {64, 16}},  {3, 129, 9, {128, 8}},  {6, 1, 70, {64, 32}}};
+  std::mt19937 rng(7);
+  int variant = 0;
+  for (const Size& s : sizes) {
+    for (int flags = 0; flags < 4; ++flags, ++variant) {
+      Config c{};
+      c.activation = static_cast<Activation>(variant % kActivationCount);
+      c.bidirectional = flags >= 2;
+      c.reverse = flags == 1;
+      c.training = true;
+      c.has_init_state = flags != 3;
+      const bool masked = flags % 2 == 1, lengths = flags >= 1;
+      c.has_mask = masked;
+      c.has_seq_lengths = lengths;
+      const Case k{c, Dims{s.T, s.N, s.H, s.H, c.directions()}, s.tile, masked, lengths};
+      DispatchActivation(c.activation, [&]<Activation A>() { Run<A>(k, rng); });
+    }
+  }
+}
+
+// The plan: the first tile whose blocks all fit the device at once, float32 only.
+void GridPlans() {
+  const auto plan = [](int64_t H, int64_t N, int64_t bytes = 4) {
+    return PlanGrid(H, N, bytes, 132, 227 * 1024);
+  };
+  const std::optional<GridPlan> large = plan(1024, 256);
+  Check(large && large->tile.rows == 64 && large->tile.units == 32 && large->blocks() == 128 &&
+            large->padded_hidden == 1024,
+        "(N=256, H=1024): 4 x 32 tiles of 64 x 32");
+  Check(large && large->shared_bytes == 4 * (1024 * 32 + 4 * 64 * 68) + 4 * 64,
+        "(N=256, H=1024): shared memory");
+  const std::optional<GridPlan> wide = plan(2048, 64);
+  Check(wide && wide->tile.rows == 64 && wide->tile.units == 16 && wide->blocks() == 128,
+        "(N=64, H=2048): tiles of 64 x 16 (R's 32 units take 256 KB)");
+  Check(!plan(1024, 512), "(N=512, H=1024): more tiles than SMs");
+  Check(!plan(1024, 256, 8), "float64: none");
+  const std::optional<GridPlan> odd = plan(700, 300);
+  Check(odd && odd->padded_hidden == 704 && odd->row_tiles == 5 && odd->unit_tiles == 22,
+        "(N=300, H=700): 5 x 22 tiles, rows padded to 704 entries");
+  Check(odd && odd->WorkspaceBytes(2) == 48 + 2 * 5 * 64 * 704 * 4,
+        "(N=300, H=700): workspace (10 counters in 48 bytes, then the state buffers)");
+}
+
+}  // namespace
+
+int main() {
+  GridPlans();
+  StepLoopsMatchTheSpec();
+  return unit_test::Report();
+}
