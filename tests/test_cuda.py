@@ -122,12 +122,11 @@ def test_empty_sequence_or_batch(rng, T, N):
     _check(rng, T, N, 3, 16, jnp.float32, dict(activation="relu"))
 
 
-@requires_gpu
-def test_vmap_of_the_gradient_op_runs_groups(rng):
-    """vmap over the gradient op (G = 3 problems sharing R) against the reference."""
-    inputs = make_inputs(rng, 5, 4, 6, 32, dtype=jnp.float32)
-    x = random_array(rng, (3, 5, 4, 6), jnp.float32)
-    dy = random_array(rng, (3, 5, 4, 32), jnp.float32)
+def _check_vmap_of_gradients(rng, G, T, N, I, H):
+    """vmap over the gradient op (G problems sharing R) against the reference."""
+    inputs = make_inputs(rng, T, N, I, H, dtype=jnp.float32)
+    x = random_array(rng, (G, T, N, I), jnp.float32)
+    dy = random_array(rng, (G, T, N, H), jnp.float32)
 
     def grads(fn, x, dy):
         rest = {k: inputs[k] for k in ("recurrent_weight", "input_weight", "bias", "init_state")}
@@ -138,6 +137,11 @@ def test_vmap_of_the_gradient_op_runs_groups(rng):
     got = jax.jit(jax.vmap(lambda x, dy: grads(jax_sgrnn.single_gate_rnn_gradients, x, dy)))
     want = jax.jit(jax.vmap(lambda x, dy: grads(jax_sgrnn.reference_gradients, x, dy)))
     assert_close(got(x, dy), want(x, dy))
+
+
+@requires_gpu
+def test_vmap_of_the_gradient_op_runs_groups(rng):
+    _check_vmap_of_gradients(rng, 3, 5, 4, 6, 32)
 
 
 @requires_gpu
@@ -241,20 +245,8 @@ def test_grid_empty_sequence_or_batch(rng, T, N):
 
 @requires_grid
 def test_grid_vmap_of_the_gradient_op(rng):
-    """vmap over the gradient op (G = 2 problems sharing R, one workspace) at H = 700."""
-    inputs = make_inputs(rng, 4, 3, 6, 700, dtype=jnp.float32)
-    x = random_array(rng, (2, 4, 3, 6), jnp.float32)
-    dy = random_array(rng, (2, 4, 3, 700), jnp.float32)
-
-    def grads(fn, x, dy):
-        rest = {k: inputs[k] for k in ("recurrent_weight", "input_weight", "bias", "init_state")}
-        _, z = op(x, **rest, training=True, activation="tanh")
-        return fn(x, rest["recurrent_weight"], dy, z, rest["input_weight"], rest["bias"],
-                  rest["init_state"], activation="tanh")
-
-    got = jax.jit(jax.vmap(lambda x, dy: grads(jax_sgrnn.single_gate_rnn_gradients, x, dy)))
-    want = jax.jit(jax.vmap(lambda x, dy: grads(jax_sgrnn.reference_gradients, x, dy)))
-    assert_close(got(x, dy), want(x, dy))
+    """G = 2 problems at H = 700, one after another in one workspace."""
+    _check_vmap_of_gradients(rng, 2, 4, 3, 6, 700)
 
 
 @requires_grid
