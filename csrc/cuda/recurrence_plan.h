@@ -254,6 +254,12 @@ inline constexpr int64_t kTypicalSharedBytes = 227 * 1024;
 
 enum class CudaPath { kBlocks, kGrid, kDecomposition };
 
+// The fewest rows the grid kernels take: a tile computes all its rows (64 in the first tile
+// shape), live or not, so with few rows a step costs about as much as with 64 (2 M FMAs a
+// block at H = 1024, about 8 us), where the decomposition's split products took 3.6 us a step
+// at (1024,1,1024,1024) ("The sweep" in docs/performance.md). A prediction: to be measured.
+inline constexpr int64_t kGridMinRows = 32;
+
 inline CudaPath ChoosePath(int64_t T, int64_t H, int64_t N, int64_t D, int64_t element_bytes,
                            int64_t multiprocessors, int64_t max_shared_bytes, bool grid) {
   if (!IndexesFit(T, N, D, H)) return CudaPath::kDecomposition;
@@ -263,7 +269,8 @@ inline CudaPath ChoosePath(int64_t T, int64_t H, int64_t N, int64_t D, int64_t e
   if (blocks && blocks->rows * ResidentBlocks(*blocks) <= kMaxRowsPerMultiprocessor) {
     return CudaPath::kBlocks;
   }
-  if (grid && PlanGrid(H, N, element_bytes, multiprocessors, max_shared_bytes)) {
+  if (grid && N >= kGridMinRows &&
+      PlanGrid(H, N, element_bytes, multiprocessors, max_shared_bytes)) {
     return CudaPath::kGrid;
   }
   return CudaPath::kDecomposition;

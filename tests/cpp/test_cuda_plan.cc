@@ -133,6 +133,9 @@ void PreferenceFollowsRowsPerMultiprocessor() {
   Check(RunsOnChip(100, 1024, 256, 1, 4, true) && RunsOnChip(100, 1024, 256, 2, 4, true),
         "(100,256,1024,1024) by the grid kernels, one direction or two");
   Check(!RunsOnChip(100, 1024, 256, 1, 8, true), "(100,256,1024,1024) float64 by scan");
+  Check(!RunsOnChip(1024, 1024, 1, 1, 4, true) && !RunsOnChip(50, 1024, 31, 1, 4, true) &&
+            RunsOnChip(50, 1024, 32, 1, 4, true),
+        "the grid kernels from kGridMinRows (32) rows");
   Check(!RunsOnChip(50, 1024, 1024, 1, 4, true), "(50,1024,1024,1024) by scan (512 tiles)");
   Check(!RunsOnChip(50, 256, 2048, 1, 4, true), "(50,2048,256,256) by scan (256 tiles at least)");
   Check(RunsOnChip(50, 700, 300, 1, 4, true), "(50,300,700,700) by the grid kernels");
