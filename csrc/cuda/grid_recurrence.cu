@@ -1,91 +1,9 @@
-// The grid kernels (grid_steps.h: the step loop; recurrence_plan.h: PlanGrid) and their
-// launches: grid_steps.h's machine interface on the GPU, one cooperative launch a direction.
-#include <cstdint>
-
-#include "cuda/grid_steps.h"
+// The grid kernels' launches for the handler (recurrence.h): grid_launch.cuh's kernels on the
+// GPU's machine, for the call's activation and the plan's tile.
+#include "cuda/grid_launch.cuh"
 #include "cuda/recurrence.h"
 
 namespace sgrnn::cuda {
-namespace {
-
-struct GpuMachine {
-  static __device__ void Sync() { __syncthreads(); }
-  // Through L2 only (.cg): the state was written by other SMs, whose stores L1 does not see.
-  static __device__ void CopyAsync16(float* to, const float* from) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
-                     static_cast<unsigned>(__cvta_generic_to_shared(to))),
-                 "l"(from)
-                 : "memory");
-  }
-  static __device__ void Commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-  template <int kPending>
-  static __device__ void Wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-  }
-  // Cooperative groups' grid barrier, for one counter: the fence orders the block's stores,
-  // which the barrier before made visible to this thread, before the count.
-  static __device__ void Arrive(uint32_t* counter) {
-    __threadfence();
-    atomicAdd(counter, 1u);
-  }
-  static __device__ void WaitFor(uint32_t* counter, uint32_t value) {
-    uint32_t seen;
-    do {
-      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(seen) : "l"(counter) : "memory");
-    } while (seen < value);
-    __threadfence();
-  }
-};
-
-template <Activation A, typename Tile>
-__global__ void __launch_bounds__(kGridThreads, 1)
-    GridForwardKernel(Config c, GridGeometry g, ForwardArgs<float> a, float* states,
-                      uint32_t* counters) {
-  extern __shared__ __align__(16) float grid_shared[];
-  GridForwardSteps<A, Tile, GpuMachine>(c, g, a, states, counters, blockIdx.x, threadIdx.x,
-                                        grid_shared);
-}
-
-template <Activation A, typename Tile>
-__global__ void __launch_bounds__(kGridThreads, 1)
-    GridGradientKernel(Config c, GridGeometry g, GradientArgs<float> a, float* states,
-                       uint32_t* counters) {
-  extern __shared__ __align__(16) float grid_shared[];
-  GridGradientSteps<A, Tile, GpuMachine>(c, g, a, states, counters, blockIdx.x, threadIdx.x,
-                                         grid_shared);
-}
-
-// One launch a direction, after the workspace is zeroed. Cooperative: the launch fails rather
-// than start blocks that could not all be resident at once, since a block that waits for one
-// that never starts would wait forever.
-template <typename Args, typename Kernel>
-cudaError_t LaunchDirections(Kernel kernel, const Config& c, const Dims& d, const GridPlan& plan,
-                             const Args& args, void* workspace, cudaStream_t stream) {
-  cudaError_t err = cudaMemsetAsync(workspace, 0, plan.WorkspaceBytes(d.D), stream);
-  if (err == cudaSuccess) {
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(plan.shared_bytes));
-  }
-  const GridWorkspace w(workspace, plan, d.D);
-  for (int direction = 0; err == cudaSuccess && direction < d.D; ++direction) {
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(static_cast<unsigned>(plan.blocks()), 1, 1);
-    config.blockDim = dim3(static_cast<unsigned>(kGridThreads), 1, 1);
-    config.dynamicSmemBytes = static_cast<size_t>(plan.shared_bytes);
-    config.stream = stream;
-    cudaLaunchAttribute cooperative;
-    cooperative.id = cudaLaunchAttributeCooperative;
-    cooperative.val.cooperative = 1;
-    config.attrs = &cooperative;
-    config.numAttrs = 1;
-    err = cudaLaunchKernelEx(&config, kernel, c, GridGeometryOf(d, plan, direction), args,
-                             w.states, w.CountersOf(plan, direction));
-    if (err == cudaSuccess) err = cudaGetLastError();
-  }
-  return err;
-}
-
-}  // namespace
 
 cudaError_t LaunchGridForward(const Config& c, const Dims& d, const GridPlan& plan,
                               const ForwardArgs<float>& args, void* workspace,
@@ -94,7 +12,8 @@ cudaError_t LaunchGridForward(const Config& c, const Dims& d, const GridPlan& pl
   cudaError_t err = cudaSuccess;
   DispatchActivation(c.activation, [&]<Activation A>() {
     err = DispatchGridTile(plan.tile, [&]<typename Tile>() {
-      return LaunchDirections(GridForwardKernel<A, Tile>, c, d, plan, args, workspace, stream);
+      return LaunchDirections(GridForwardKernel<A, Tile, GpuMachine>, c, d, plan, args, workspace,
+                              stream);
     });
   });
   return err;
@@ -110,7 +29,8 @@ cudaError_t LaunchGridGradients(const Config& c, const Dims& d, const GridPlan& 
   cudaError_t err = cudaSuccess;
   DispatchActivation(c.activation, [&]<Activation A>() {
     err = DispatchGridTile(plan.tile, [&]<typename Tile>() {
-      return LaunchDirections(GridGradientKernel<A, Tile>, c, d, plan, args, workspace, stream);
+      return LaunchDirections(GridGradientKernel<A, Tile, GpuMachine>, c, d, plan, args,
+                              workspace, stream);
     });
   });
   return err;

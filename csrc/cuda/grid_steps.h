@@ -14,7 +14,7 @@
 // have counted.
 //
 // The step loop is written against a small interface P, so that it also compiles for the host:
-// grid_recurrence.cu gives the GPU's, tests/cpp/test_grid_steps.cc an emulation that
+// grid_launch.cuh gives the GPU's, tests/cpp/test_grid_steps.cc an emulation that
 // runs every GPU thread as a host thread. P has static functions:
 //   Sync()                   the block's barrier
 //   CopyAsync16(to, from)    copies 16 bytes from global to shared memory, asynchronously

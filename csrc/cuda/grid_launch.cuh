@@ -1,0 +1,95 @@
+// The grid kernels on the GPU (grid_steps.h: the step loop; recurrence_plan.h: PlanGrid):
+// grid_steps.h's machine interface for the GPU, the kernels over any such machine, and their
+// launch, one cooperative launch a direction. grid_recurrence.cu instantiates them with
+// GpuMachine; benchmarks/probe_grid_step.cu with machines that leave parts of a step out.
+#ifndef JAX_SGRNN_CUDA_GRID_LAUNCH_CUH_
+#define JAX_SGRNN_CUDA_GRID_LAUNCH_CUH_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "cuda/grid_steps.h"
+
+namespace sgrnn::cuda {
+
+struct GpuMachine {
+  static __device__ void Sync() { __syncthreads(); }
+  // Through L2 only (.cg): the state was written by other SMs, whose stores L1 does not see.
+  static __device__ void CopyAsync16(float* to, const float* from) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
+                     static_cast<unsigned>(__cvta_generic_to_shared(to))),
+                 "l"(from)
+                 : "memory");
+  }
+  static __device__ void Commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+  template <int kPending>
+  static __device__ void Wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+  }
+  // Cooperative groups' grid barrier, for one counter: the fence orders the block's stores,
+  // which the barrier before made visible to this thread, before the count.
+  static __device__ void Arrive(uint32_t* counter) {
+    __threadfence();
+    atomicAdd(counter, 1u);
+  }
+  static __device__ void WaitFor(uint32_t* counter, uint32_t value) {
+    uint32_t seen;
+    do {
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(seen) : "l"(counter) : "memory");
+    } while (seen < value);
+    __threadfence();
+  }
+};
+
+template <Activation A, typename Tile, typename Machine>
+__global__ void __launch_bounds__(kGridThreads, 1)
+    GridForwardKernel(Config c, GridGeometry g, ForwardArgs<float> a, float* states,
+                      uint32_t* counters) {
+  extern __shared__ __align__(16) float grid_shared[];
+  GridForwardSteps<A, Tile, Machine>(c, g, a, states, counters, blockIdx.x, threadIdx.x,
+                                     grid_shared);
+}
+
+template <Activation A, typename Tile, typename Machine>
+__global__ void __launch_bounds__(kGridThreads, 1)
+    GridGradientKernel(Config c, GridGeometry g, GradientArgs<float> a, float* states,
+                       uint32_t* counters) {
+  extern __shared__ __align__(16) float grid_shared[];
+  GridGradientSteps<A, Tile, Machine>(c, g, a, states, counters, blockIdx.x, threadIdx.x,
+                                      grid_shared);
+}
+
+// One launch a direction, after the workspace is zeroed. Cooperative: the launch fails rather
+// than start blocks that could not all be resident at once, since a block that waits for one
+// that never starts would wait forever.
+template <typename Args, typename Kernel>
+cudaError_t LaunchDirections(Kernel kernel, const Config& c, const Dims& d, const GridPlan& plan,
+                             const Args& args, void* workspace, cudaStream_t stream) {
+  cudaError_t err = cudaMemsetAsync(workspace, 0, plan.WorkspaceBytes(d.D), stream);
+  if (err == cudaSuccess) {
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(plan.shared_bytes));
+  }
+  const GridWorkspace w(workspace, plan, d.D);
+  for (int direction = 0; err == cudaSuccess && direction < d.D; ++direction) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(static_cast<unsigned>(plan.blocks()), 1, 1);
+    config.blockDim = dim3(static_cast<unsigned>(kGridThreads), 1, 1);
+    config.dynamicSmemBytes = static_cast<size_t>(plan.shared_bytes);
+    config.stream = stream;
+    cudaLaunchAttribute cooperative;
+    cooperative.id = cudaLaunchAttributeCooperative;
+    cooperative.val.cooperative = 1;
+    config.attrs = &cooperative;
+    config.numAttrs = 1;
+    err = cudaLaunchKernelEx(&config, kernel, c, GridGeometryOf(d, plan, direction), args,
+                             w.states, w.CountersOf(plan, direction));
+    if (err == cudaSuccess) err = cudaGetLastError();
+  }
+  return err;
+}
+
+}  // namespace sgrnn::cuda
+
+#endif  // JAX_SGRNN_CUDA_GRID_LAUNCH_CUH_
