@@ -24,8 +24,7 @@ cudaError_t LaunchGradients(const Config& c, const Dims& d, const RecurrencePlan
                             const GradientArgs<T>& args, cudaStream_t stream);
 
 // Whether the grid kernels were asked for: SGRNN_CUDA_GRID=1 in the environment when the
-// extension first asks (ffi_cuda.cc). Until they are timed on a GPU they run only then
-// (recurrence_plan.h, ChoosePath).
+// extension first asks (ffi_cuda.cc). They run only then (recurrence_plan.h, ChoosePath).
 bool GridRequested();
 
 // The same with each step spread over the whole GPU (grid_recurrence.cu), float32, under a

@@ -241,8 +241,9 @@ inline bool IndexesFit(int64_t T, int64_t N, int64_t D, int64_t H) {
 }
 
 // Which of the CUDA handler's paths runs N rows and D directions: the kernels of blocks and
-// clusters (PlanRecurrence), the grid kernels (PlanGrid; only when `grid` is asked for, since
-// they have not yet been timed on a GPU: docs/performance.md), or the lax.scan decomposition,
+// clusters (PlanRecurrence), the grid kernels (PlanGrid; only when `grid` is asked for: faster
+// than the decomposition at (100,256,1024,1024), slower at 32 rows, docs/performance.md,
+// "Floors"), or the lax.scan decomposition,
 // whose steps are cuBLAS products. Measured on an H200 (docs/performance.md, "GPU"): the block
 // kernels are several times faster while each SM works through a few rows a step, still faster
 // at 16 rows; more rows an SM were not compared. The handler asks with its device's limits;
@@ -257,7 +258,8 @@ enum class CudaPath { kBlocks, kGrid, kDecomposition };
 // The fewest rows the grid kernels take: a tile computes all its rows (64 in the first tile
 // shape), live or not, so with few rows a step costs about as much as with 64 (2 M FMAs a
 // block at H = 1024, about 8 us), where the decomposition's split products took 3.6 us a step
-// at (1024,1,1024,1024) ("The sweep" in docs/performance.md). A prediction: to be measured.
+// at (1024,1,1024,1024) ("The sweep" in docs/performance.md). Measured on an H100, 32 rows
+// still cost about as much a step as 256 ((50,32,1024) 19.7 us, (100,256,1024) 20.6).
 inline constexpr int64_t kGridMinRows = 32;
 
 inline CudaPath ChoosePath(int64_t T, int64_t H, int64_t N, int64_t D, int64_t element_bytes,
