@@ -40,26 +40,35 @@
 
 namespace sgrnn::cuda {
 
-// The split of a BM x BN tile over a block's kGridThreads threads.
+// The split of a BM x BN tile over a block's kGridThreads threads. Each thread sums a TM x TN
+// register tile over its part of a chunk's entries, reading per 4 entries TM 16-byte vectors
+// of the state and TN of R. Shared memory returns one register a lane per cycle, a quarter of
+// the FMA pipes' rate, so 8 x 8 (a register loaded per 4 FMAs, the loads of a row paired
+// across neighbouring lanes) where the tile has a warp's worth of such threads, else 8 x 4.
 template <int kRows, int kUnits>
 struct GridTile {
-  static constexpr int BM = kRows, BN = kUnits;
-  static constexpr int TM = kGridTileRows, TN = kGridTileUnits;
+  static constexpr int BM = kRows, BN = kUnits, TM = 8;
+  static constexpr int TN = (BM / TM) * (BN / 8) % 32 == 0 ? 8 : 4;
   static constexpr int kThreads = kGridThreads, KC = kGridChunk, kStages = kGridStages;
   static constexpr int kStride = kGridChunkStride;
   // A thread's TM rows are BM / TM apart, so that the rows one warp reads lie in different
-  // banks (kStride is 4 banks past a multiple of 32).
-  static constexpr int kRowGroups = BM / TM, kUnitGroups = BN / TN;
+  // banks (kStride is 4 banks past a multiple of 32); its TN units are TN / 4 vectors of 4,
+  // BN / (TN / 4) apart, so that neighbouring lanes read neighbouring vectors.
+  static constexpr int kRowGroups = BM / TM, kUnitGroups = BN / TN, kUnitVectors = TN / 4;
   static constexpr int kPartThreads = kRowGroups * kUnitGroups;
   static constexpr int KS = kThreads / kPartThreads;  // parts of a chunk's entries
   static constexpr int kPartEntries = KC / KS;
   static constexpr int kOutputs = BM * BN / kThreads;  // outputs each thread owns
   static constexpr int kChunkVectors = BM * KC / 4 / kThreads;  // 16-byte copies per chunk
-  static_assert(BM % TM == 0 && BN % TN == 0 && TN == 4);
+  static_assert(BM % TM == 0 && BN % TN == 0 && TN % 4 == 0);
   static_assert(kPartThreads % 32 == 0 && kThreads % kPartThreads == 0, "warps within a part");
   static_assert(kPartEntries % 4 == 0 && (BM * BN) % kThreads == 0 &&
                 (BM * KC / 4) % kThreads == 0);
   static_assert(KS * BN <= kStages * kStride, "the parts' sums fit the chunk buffers");
+  // Unit u (< TN) of a thread's register tile, within the tile.
+  static constexpr int UnitOf(int unit_group, int u) {
+    return u / 4 * (BN / kUnitVectors) + unit_group * 4 + u % 4;
+  }
 };
 
 struct alignas(16) Float4 {
@@ -174,23 +183,29 @@ SGRNN_UNROLL
     load(c + kStages - 1);
     const float* h = blk.chunks + (c % kStages) * BM * kStride + blk.part * Tile::kPartEntries;
     const float* w = blk.R_units + (c * KC + blk.part * Tile::kPartEntries) * BN +
-                     blk.unit_group * TN;
+                     Tile::UnitOf(blk.unit_group, 0);
 SGRNN_UNROLL
     for (int k = 0; k < Tile::kPartEntries; k += 4) {
-      Float4 a[TM], b[4];  // 16-byte shared loads: rows' 4 entries, 4 entries' units
+      // 16-byte shared loads: 4 entries of each row; each entry's units, a vector at a time
+      Float4 a[TM], b[4][Tile::kUnitVectors];
 SGRNN_UNROLL
       for (int i = 0; i < TM; ++i) {
         a[i] = *reinterpret_cast<const Float4*>(
             h + (blk.row_group + i * Tile::kRowGroups) * kStride + k);
       }
 SGRNN_UNROLL
-      for (int x = 0; x < 4; ++x) b[x] = *reinterpret_cast<const Float4*>(w + (k + x) * BN);
+      for (int x = 0; x < 4; ++x) {
+SGRNN_UNROLL
+        for (int v = 0; v < Tile::kUnitVectors; ++v) {
+          b[x][v] = *reinterpret_cast<const Float4*>(w + (k + x) * BN + Tile::UnitOf(0, 4 * v));
+        }
+      }
 SGRNN_UNROLL
       for (int i = 0; i < TM; ++i) {
 SGRNN_UNROLL
         for (int x = 0; x < 4; ++x) {
 SGRNN_UNROLL
-          for (int u = 0; u < TN; ++u) acc[i][u] += a[i].v[x] * b[x].v[u];
+          for (int u = 0; u < TN; ++u) acc[i][u] += a[i].v[x] * b[x][u / 4].v[u % 4];
         }
       }
     }
@@ -202,8 +217,8 @@ SGRNN_UNROLL
   for (int i = 0; i < TM; ++i) {
 SGRNN_UNROLL
     for (int u = 0; u < TN; ++u) {
-      sums[(blk.part * BM + blk.row_group + i * Tile::kRowGroups) * BN + blk.unit_group * TN + u] =
-          acc[i][u];
+      sums[(blk.part * BM + blk.row_group + i * Tile::kRowGroups) * BN +
+           Tile::UnitOf(blk.unit_group, u)] = acc[i][u];
     }
   }
   P::Sync();
@@ -368,7 +383,8 @@ struct GridWorkspace {
 // Calls f.template operator()<GridTile<...>>() with the plan's tile as a type.
 template <typename F>
 decltype(auto) DispatchGridTile(const GridTileShape& tile, F&& f) {
-  static_assert(sizeof(kGridTiles) / sizeof(kGridTiles[0]) == 4, "a case per tile below");
+  static_assert(sizeof(kGridTiles) / sizeof(kGridTiles[0]) == 5, "a case per tile below");
+  if (tile.rows == 32 && tile.units == 32) return f.template operator()<GridTile<32, 32>>();
   if (tile.rows == 64 && tile.units == 32) return f.template operator()<GridTile<64, 32>>();
   if (tile.rows == 128 && tile.units == 16) return f.template operator()<GridTile<128, 16>>();
   if (tile.rows == 64 && tile.units == 16) return f.template operator()<GridTile<64, 16>>();

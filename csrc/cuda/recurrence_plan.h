@@ -171,24 +171,23 @@ inline std::optional<RecurrencePlan> PlanRecurrence(int64_t H, int64_t N, int64_
 // whose step no block or cluster above holds: one block of kGridThreads threads an SM, all
 // resident at once, each owning a tile of rows x units of one direction for every step. A
 // tile's units' R sits in the block's shared memory, the previous state streams from L2 in
-// chunks of kGridChunk entries (kGridStages in flight), and each thread sums a
-// kGridTileRows x kGridTileUnits register tile over its part of a chunk.
+// chunks of kGridChunk entries (kGridStages in flight), and each thread sums a register tile of
+// its outputs over its part of a chunk (grid_steps.h's GridTile).
 inline constexpr int64_t kGridThreads = 256;
 inline constexpr int64_t kGridChunk = 64;
 inline constexpr int64_t kGridStages = 4;
-inline constexpr int64_t kGridTileRows = 8;
-inline constexpr int64_t kGridTileUnits = 4;
 // A chunk's rows are padded by one 16-byte vector, so that the rows one warp reads at once
 // fall in different shared-memory banks.
 inline constexpr int64_t kGridChunkStride = kGridChunk + 4;
 
 // The tiles of rows x units a grid kernel is built for, in the order the plan tries them:
-// more units a tile first (each block reads its rows' whole state from L2 every step, so the
-// fewer column tiles, the less L2 traffic), then fewer rows (more blocks share the work).
+// the least work a block first (a step lasts as long as a block's products), then more units
+// a tile (each block reads its rows' whole state from L2 every step, so the fewer column
+// tiles, the less L2 traffic), then fewer rows.
 struct GridTileShape {
   int64_t rows, units;
 };
-inline constexpr GridTileShape kGridTiles[] = {{64, 32}, {128, 16}, {64, 16}, {128, 8}};
+inline constexpr GridTileShape kGridTiles[] = {{32, 32}, {64, 32}, {128, 16}, {64, 16}, {128, 8}};
 
 struct GridPlan {
   GridTileShape tile;

@@ -249,7 +249,8 @@ void StepLoopsMatchTheSpec() {
     GridTileShape tile;
   };
   const Size sizes[] = {{4, 70, 40, {64, 32}}, {3, 2, 300, {64, 32}}, {3, 130, 20, {128, 16}},
-                        {5, 3, 33, {64, 16}},  {3, 129, 9, {128, 8}},  {6, 1, 70, {64, 32}}};
+                        {5, 3, 33, {64, 16}},  {3, 129, 9, {128, 8}},  {6, 1, 70, {64, 32}},
+                        {4, 40, 50, {32, 32}}};
   std::mt19937 rng(7);
   int variant = 0;
   for (const Size& s : sizes) {
@@ -283,6 +284,9 @@ void GridPlans() {
   const std::optional<GridPlan> wide = plan(2048, 64);
   Check(wide && wide->tile.rows == 64 && wide->tile.units == 16 && wide->blocks() == 128,
         "(N=64, H=2048): tiles of 64 x 16 (R's 32 units take 256 KB)");
+  const std::optional<GridPlan> few = plan(1024, 100);
+  Check(few && few->tile.rows == 32 && few->tile.units == 32 && few->blocks() == 128,
+        "(N=100, H=1024): 4 x 32 tiles of 32 x 32 (half a 64-row tile's work a block)");
   Check(!plan(1024, 512), "(N=512, H=1024): more tiles than SMs");
   Check(!plan(1024, 256, 8), "float64: none");
   const std::optional<GridPlan> odd = plan(700, 300);
