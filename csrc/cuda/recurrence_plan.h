@@ -254,11 +254,12 @@ inline constexpr int64_t kTypicalSharedBytes = 227 * 1024;
 
 enum class CudaPath { kBlocks, kGrid, kDecomposition };
 
-// The fewest rows the grid kernels take: a tile computes all its rows (64 in the first tile
-// shape), live or not, so with few rows a step costs about as much as with 64 (2 M FMAs a
-// block at H = 1024, about 8 us), where the decomposition's split products took 3.6 us a step
-// at (1024,1,1024,1024) ("The sweep" in docs/performance.md). Measured on an H100, 32 rows
-// still cost about as much a step as 256 ((50,32,1024) 19.7 us, (100,256,1024) 20.6).
+// The fewest rows the grid kernels take: a tile computes all its rows (32 in the first tile
+// shape), live or not, so with fewer a step costs about as much as with 32 (1 M FMAs a block
+// at H = 1024, about 4 us), where the decomposition's split products took 3.6 us a step at
+// (1024,1,1024,1024) ("The sweep" in docs/performance.md). With 64-row tiles of 8 x 4 a
+// thread, 32 rows cost about as much a step as 256 on an H100 ((50,32,1024) 19.7 us,
+// (100,256,1024) 20.6).
 inline constexpr int64_t kGridMinRows = 32;
 
 inline CudaPath ChoosePath(int64_t T, int64_t H, int64_t N, int64_t D, int64_t element_bytes,
