@@ -55,6 +55,7 @@ struct GridTile {
   // banks (kStride is 4 banks past a multiple of 32); its TN units are TN / 4 vectors of 4,
   // BN / (TN / 4) apart, so that neighbouring lanes read neighbouring vectors.
   static constexpr int kRowGroups = BM / TM, kUnitGroups = BN / TN, kUnitVectors = TN / 4;
+  static constexpr int kVectorStride = BN / kUnitVectors;  // units between a thread's vectors
   static constexpr int kPartThreads = kRowGroups * kUnitGroups;
   static constexpr int KS = kThreads / kPartThreads;  // parts of a chunk's entries
   static constexpr int kPartEntries = KC / KS;
@@ -67,7 +68,18 @@ struct GridTile {
   static_assert(KS * BN <= kStages * kStride, "the parts' sums fit the chunk buffers");
   // Unit u (< TN) of a thread's register tile, within the tile.
   static constexpr int UnitOf(int unit_group, int u) {
-    return u / 4 * (BN / kUnitVectors) + unit_group * 4 + u % 4;
+    return u / 4 * kVectorStride + unit_group * 4 + u % 4;
+  }
+  // Where a part's sum of (row, unit) lies in its [BM x BN] block of the sums. Each thread
+  // writes its sums a vector of 4 units at a time, and 16-byte stores serve 8 lanes a cycle, so
+  // the vectors of the rows 8 lanes write, which share banks, are swapped within their rows
+  // (rows that share a 32-bank line, and rows a bank line apart, take distinct groups of
+  // kUnitGroups vectors). A row's units stay within the row, so the reads of whole rows, a
+  // unit a lane, still meet every bank once.
+  static constexpr int kRowsPerBankLine = BN >= 32 ? 1 : 32 / BN;
+  static constexpr int SumIndex(int row, int unit) {
+    const int swap = row / kRowsPerBankLine * kUnitGroups % (BN / 4);
+    return row * BN + (unit / 4 ^ swap) * 4 + unit % 4;
   }
 };
 
@@ -197,7 +209,7 @@ SGRNN_UNROLL
       for (int x = 0; x < 4; ++x) {
 SGRNN_UNROLL
         for (int v = 0; v < Tile::kUnitVectors; ++v) {
-          b[x][v] = *reinterpret_cast<const Float4*>(w + (k + x) * BN + Tile::UnitOf(0, 4 * v));
+          b[x][v] = *reinterpret_cast<const Float4*>(w + (k + x) * BN + v * Tile::kVectorStride);
         }
       }
 SGRNN_UNROLL
@@ -216,18 +228,20 @@ SGRNN_UNROLL
 SGRNN_UNROLL
   for (int i = 0; i < TM; ++i) {
 SGRNN_UNROLL
-    for (int u = 0; u < TN; ++u) {
-      sums[(blk.part * BM + blk.row_group + i * Tile::kRowGroups) * BN +
-           Tile::UnitOf(blk.unit_group, u)] = acc[i][u];
+    for (int v = 0; v < Tile::kUnitVectors; ++v) {
+      const int at = Tile::SumIndex(blk.row_group + i * Tile::kRowGroups,
+                                    Tile::UnitOf(blk.unit_group, 4 * v));
+      *reinterpret_cast<Float4*>(sums + blk.part * BM * BN + at) = {
+          acc[i][4 * v], acc[i][4 * v + 1], acc[i][4 * v + 2], acc[i][4 * v + 3]};
     }
   }
   P::Sync();
 SGRNN_UNROLL
   for (int e = 0; e < Tile::kOutputs; ++e) {
-    const int o = blk.thread + e * Tile::kThreads;
+    const int at = Tile::SumIndex(blk.OutputRow(e), blk.OutputUnit(e));
     float sum = 0.0f;
 SGRNN_UNROLL
-    for (int p = 0; p < Tile::KS; ++p) sum += sums[p * BM * BN + o];
+    for (int p = 0; p < Tile::KS; ++p) sum += sums[p * BM * BN + at];
     total[e] = sum;
   }
 }

@@ -270,6 +270,53 @@ void StepLoopsMatchTheSpec() {
   }
 }
 
+// The parts' sums at a step's end: each warp's 16-byte stores, 8 lanes a cycle, and its 4-byte
+// loads, 32 lanes a cycle, meet every bank at most once (GridTile::SumIndex).
+template <typename Tile>
+void SumsMeetEachBankOnce(const std::string& name) {
+  constexpr int kChunk = kGridChunk;
+  const GridGeometry g{1, Tile::BM, Tile::BN, 1, 0, 1, kChunk, Tile::BM * kChunk};
+  std::vector<float> shared(GridSharedBytes(kGridChunk, {Tile::BM, Tile::BN}) / sizeof(float));
+  bool stores_once = true, loads_once = true;
+  for (int warp = 0; warp < Tile::kThreads / 32; ++warp) {
+    std::vector<GridBlock<Tile>> lanes;
+    for (int lane = 0; lane < 32; ++lane) lanes.emplace_back(g, 0, warp * 32 + lane, shared.data());
+    for (int i = 0; i < Tile::TM; ++i) {
+      for (int v = 0; v < Tile::kUnitVectors; ++v) {
+        for (int phase = 0; phase < 4; ++phase) {
+          std::vector<int> quads;  // the 4-bank group each of the phase's 8 lanes stores to
+          for (int lane = phase * 8; lane < phase * 8 + 8; ++lane) {
+            const GridBlock<Tile>& b = lanes[lane];
+            const int at = Tile::SumIndex(b.row_group + i * Tile::kRowGroups,
+                                          Tile::UnitOf(b.unit_group, 4 * v));
+            quads.push_back(at / 4 % 8);
+          }
+          std::sort(quads.begin(), quads.end());
+          stores_once &= std::adjacent_find(quads.begin(), quads.end()) == quads.end();
+        }
+      }
+    }
+    for (int e = 0; e < Tile::kOutputs; ++e) {
+      std::vector<int> banks;
+      for (const GridBlock<Tile>& b : lanes) {
+        banks.push_back(Tile::SumIndex(b.OutputRow(e), b.OutputUnit(e)) % 32);
+      }
+      std::sort(banks.begin(), banks.end());
+      loads_once &= std::adjacent_find(banks.begin(), banks.end()) == banks.end();
+    }
+  }
+  Check(stores_once, name + ": the sums' stores meet each bank once a phase");
+  Check(loads_once, name + ": the sums' loads meet each bank once a warp");
+}
+
+void SumsOfEveryTileMeetEachBankOnce() {
+  for (const GridTileShape& tile : kGridTiles) {
+    DispatchGridTile(tile, [&]<typename Tile>() {
+      SumsMeetEachBankOnce<Tile>(std::to_string(tile.rows) + " x " + std::to_string(tile.units));
+    });
+  }
+}
+
 // The plan: the first tile whose blocks all fit the device at once, float32 only.
 void GridPlans() {
   const auto plan = [](int64_t H, int64_t N, int64_t bytes = 4) {
@@ -300,6 +347,7 @@ void GridPlans() {
 
 int main() {
   GridPlans();
+  SumsOfEveryTileMeetEachBankOnce();
   StepLoopsMatchTheSpec();
   return unit_test::Report();
 }
