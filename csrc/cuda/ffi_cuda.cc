@@ -8,8 +8,10 @@
 // dx and no dR.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -45,11 +47,16 @@ ffi::Error CheckRecurrenceOnly(const Config& c) {
   return ffi::Error::Success();
 }
 
-// What the plan needs to know of a device.
-struct DeviceLimits {
-  int multiprocessors = 0;
-  int shared_bytes = 0;  // opt-in shared memory per block
-};
+cudaError_t QueryLimits(int device, DeviceLimits* out) {
+  int multiprocessors = 0, shared_bytes = 0;
+  cudaError_t err =
+      cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device);
+  if (err == cudaSuccess) {
+    err = cudaDeviceGetAttribute(&shared_bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  }
+  *out = {multiprocessors, shared_bytes};
+  return err;
+}
 
 // The current device's limits, queried once per device: they do not change while the process
 // runs, and a query on every call would add driver calls to each launch.
@@ -66,13 +73,9 @@ ffi::Error CurrentDeviceLimits(DeviceLimits* out) {
     return ffi::Error::Success();
   }
   DeviceLimits limits;
-  cudaError_t err = cudaDeviceGetAttribute(&limits.multiprocessors,
-                                           cudaDevAttrMultiProcessorCount, device);
-  if (err == cudaSuccess) {
-    err = cudaDeviceGetAttribute(&limits.shared_bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin,
-                                 device);
+  if (cudaError_t err = QueryLimits(device, &limits); err != cudaSuccess) {
+    return CudaError(err, "device query");
   }
-  if (err != cudaSuccess) return CudaError(err, "device query");
   known.emplace(device, limits);
   *out = limits;
   return ffi::Error::Success();
@@ -86,8 +89,7 @@ struct CallPlan {
 };
 
 // The plan for these sizes on the current device, or an error saying why there is none. The
-// block kernels run wherever their plan fits and ChoosePath does not pick the grid kernels,
-// also where the lowering's typical GPU (RunsOnChip) differs from this one.
+// block kernels run wherever their plan fits and ChoosePath does not pick the grid kernels.
 ffi::Error PlanFor(const Dims& d, int64_t element_bytes, CallPlan* out) {
   DeviceLimits limits;
   if (ffi::Error status = CurrentDeviceLimits(&limits); status.failure()) return status;
@@ -96,8 +98,8 @@ ffi::Error PlanFor(const Dims& d, int64_t element_bytes, CallPlan* out) {
                            "T*N*D*H = " + std::to_string(d.T * d.N * d.D * d.H) +
                            " does not fit (the lowering uses the lax.scan decomposition for it)");
   }
-  if (GridRequested() && ChoosePath(d.T, d.H, d.N, d.D, element_bytes, limits.multiprocessors,
-                                    limits.shared_bytes, true) == CudaPath::kGrid) {
+  if (GridRequested() &&
+      ChoosePath(d.T, d.H, d.N, d.D, element_bytes, limits, true) == CudaPath::kGrid) {
     out->path = CudaPath::kGrid;
     out->grid =
         *PlanGrid(d.H, d.N, element_bytes, limits.multiprocessors, limits.shared_bytes);
@@ -238,6 +240,28 @@ ffi::Error GradientsImpl(ffi::AnyBuffer x, ffi::AnyBuffer R, ffi::AnyBuffer dy, 
 }
 
 }  // namespace
+
+DeviceLimits LoweringDeviceLimits() {
+  static const DeviceLimits smallest = [] {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+      cudaGetLastError();  // no GPU here (lowering to export): not an error of a later call
+      return kTypicalDevice;
+    }
+    DeviceLimits out{std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::max()};
+    for (int device = 0; device < count; ++device) {
+      DeviceLimits limits;
+      if (QueryLimits(device, &limits) != cudaSuccess) {
+        cudaGetLastError();
+        return kTypicalDevice;
+      }
+      out = {std::min(out.multiprocessors, limits.multiprocessors),
+             std::min(out.shared_bytes, limits.shared_bytes)};
+    }
+    return out;
+  }();
+  return smallest;
+}
 
 bool GridRequested() {
   static const bool requested = [] {

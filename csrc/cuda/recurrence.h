@@ -27,6 +27,10 @@ cudaError_t LaunchGradients(const Config& c, const Dims& d, const RecurrencePlan
 // extension first asks (ffi_cuda.cc). They run only then (recurrence_plan.h, ChoosePath).
 bool GridRequested();
 
+// The limits the lowering plans with (recurrence_plan.h, RunsOnChip): the smallest of the
+// visible GPUs', asked once, or kTypicalDevice where none is visible.
+DeviceLimits LoweringDeviceLimits();
+
 // The same with each step spread over the whole GPU (grid_recurrence.cu), float32, under a
 // plan from PlanGrid: `workspace` is plan.WorkspaceBytes(d.D) bytes of device memory, which
 // these zero on the stream before the kernels.

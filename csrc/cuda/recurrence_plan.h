@@ -246,11 +246,17 @@ inline bool IndexesFit(int64_t T, int64_t N, int64_t D, int64_t H) {
 // whose steps are cuBLAS products. Measured on an H200 (docs/performance.md, "GPU"): the block
 // kernels are several times faster while each SM works through a few rows a step, still faster
 // at 16 rows; more rows an SM were not compared. The handler asks with its device's limits;
-// the lowering decides before any GPU is seen (RunsOnChip), for a GPU of
-// kTypicalMultiprocessors SMs (H100, H200) whose blocks may take kTypicalSharedBytes.
+// the lowering (RunsOnChip) with the smallest of the visible GPUs' (ffi_cuda.cc's
+// LoweringDeviceLimits), so that the handler has a plan on any of them, or a typical GPU's
+// where none is visible.
 inline constexpr int64_t kMaxRowsPerMultiprocessor = 16;
-inline constexpr int64_t kTypicalMultiprocessors = 132;
-inline constexpr int64_t kTypicalSharedBytes = 227 * 1024;
+
+// What the plans need to know of a GPU.
+struct DeviceLimits {
+  int64_t multiprocessors;
+  int64_t shared_bytes;  // opt-in shared memory per block
+};
+inline constexpr DeviceLimits kTypicalDevice{132, 227 * 1024};  // H100 SXM, H200
 
 enum class CudaPath { kBlocks, kGrid, kDecomposition };
 
@@ -263,16 +269,19 @@ enum class CudaPath { kBlocks, kGrid, kDecomposition };
 inline constexpr int64_t kGridMinRows = 32;
 
 inline CudaPath ChoosePath(int64_t T, int64_t H, int64_t N, int64_t D, int64_t element_bytes,
-                           int64_t multiprocessors, int64_t max_shared_bytes, bool grid) {
+                           const DeviceLimits& device, bool grid) {
   if (!IndexesFit(T, N, D, H)) return CudaPath::kDecomposition;
-  // The block kernels' rows an SM, counted as if shared memory held every row in one wave.
+  // The block kernels' rows an SM, counted as if shared memory held every row in one wave;
+  // they run where R and a row fit the device.
   const std::optional<RecurrencePlan> blocks =
-      PlanRecurrence(H, N, D, element_bytes, multiprocessors, std::numeric_limits<int64_t>::max());
-  if (blocks && blocks->rows * ResidentBlocks(*blocks) <= kMaxRowsPerMultiprocessor) {
+      PlanRecurrence(H, N, D, element_bytes, device.multiprocessors,
+                     std::numeric_limits<int64_t>::max());
+  if (blocks && blocks->rows * ResidentBlocks(*blocks) <= kMaxRowsPerMultiprocessor &&
+      PlanRecurrence(H, N, D, element_bytes, device.multiprocessors, device.shared_bytes)) {
     return CudaPath::kBlocks;
   }
   if (grid && N >= kGridMinRows &&
-      PlanGrid(H, N, element_bytes, multiprocessors, max_shared_bytes)) {
+      PlanGrid(H, N, element_bytes, device.multiprocessors, device.shared_bytes)) {
     return CudaPath::kGrid;
   }
   return CudaPath::kDecomposition;
@@ -281,9 +290,8 @@ inline CudaPath ChoosePath(int64_t T, int64_t H, int64_t N, int64_t D, int64_t e
 // The lowering's question: whether the handler runs these sizes (the forward and the gradient
 // op share one plan), or the decomposition does.
 inline bool RunsOnChip(int64_t T, int64_t H, int64_t N, int64_t D, int64_t element_bytes,
-                       bool grid = false) {
-  return ChoosePath(T, H, N, D, element_bytes, kTypicalMultiprocessors, kTypicalSharedBytes,
-                    grid) != CudaPath::kDecomposition;
+                       bool grid = false, const DeviceLimits& device = kTypicalDevice) {
+  return ChoosePath(T, H, N, D, element_bytes, device, grid) != CudaPath::kDecomposition;
 }
 
 }  // namespace sgrnn::cuda

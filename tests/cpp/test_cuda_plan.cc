@@ -139,11 +139,20 @@ void PreferenceFollowsRowsPerMultiprocessor() {
   Check(!RunsOnChip(50, 1024, 1024, 1, 4, true), "(50,1024,1024,1024) by scan (512 tiles)");
   Check(!RunsOnChip(50, 256, 2048, 1, 4, true), "(50,2048,256,256) by scan (256 tiles at least)");
   Check(RunsOnChip(50, 700, 300, 1, 4, true), "(50,300,700,700) by the grid kernels");
-  Check(ChoosePath(1000, 128, 8, 1, 4, 132, 227 * 1024, true) == CudaPath::kBlocks &&
-            ChoosePath(50, 256, 1024, 1, 4, 132, 227 * 1024, true) == CudaPath::kBlocks,
+  Check(ChoosePath(1000, 128, 8, 1, 4, kTypicalDevice, true) == CudaPath::kBlocks &&
+            ChoosePath(50, 256, 1024, 1, 4, kTypicalDevice, true) == CudaPath::kBlocks,
         "the block kernels where they run, grid or not");
-  Check(ChoosePath(65536, 256, 128, 1, 4, 132, 227 * 1024, true) == CudaPath::kDecomposition,
+  Check(ChoosePath(65536, 256, 128, 1, 4, kTypicalDevice, true) == CudaPath::kDecomposition,
         "T*N*H = 2^31 by scan, grid or not");
+  // A GPU smaller than the typical one (the lowering asks with the visible GPUs' limits).
+  const DeviceLimits pcie{114, 227 * 1024}, little_shared{132, 1024};
+  Check(!RunsOnChip(100, 1024, 256, 1, 4, true, pcie),
+        "(100,256,1024,1024) by scan on 114 SMs (its tiles need 128)");
+  Check(RunsOnChip(100, 1024, 100, 1, 4, true, pcie),
+        "(100,100,1024,1024) by the grid kernels on 114 SMs (2 x 32 tiles of 64 x 32)");
+  Check(!RunsOnChip(200, 512, 64, 1, 4, false, little_shared) &&
+            RunsOnChip(200, 512, 64, 1, 4, false, kTypicalDevice),
+        "(200,64,512,512) by scan where a row does not fit a block's shared memory");
 }
 
 }  // namespace
