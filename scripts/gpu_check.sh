@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On a machine with an sm_90 GPU, nvcc, jax[cuda] and PyTorch: builds the package from this
 # checkout, runs the GPU tests, compute-sanitizer over the kernels, the five-shape tables and
-# the (100,256,1024,1024) row with the grid kernels (SGRNN_CUDA_GRID=1), in that order, each
+# the grid kernels against the decomposition around the rows where the default starts them,
+# in that order, each
 # step's log under $LOGS (default /tmp/sgrnn_gpu_check). The tests run on the
 # GPU only with JAX_PLATFORMS naming cuda (the suite defaults to the CPU), and serially: each
 # pytest-xdist worker would take 75% of the GPU's memory at start and fail its collection.
@@ -24,7 +25,8 @@ tail -n 1 "$LOGS/test_cuda.log"
 scripts/sanitize_cuda.sh > "$LOGS/sanitize.log" 2>&1 || status=1
 grep -E "SUMMARY|failures" "$LOGS/sanitize.log"
 python3 benchmarks/bench_gpu.py --tables float32 --repeats 7 --calls 20 2>&1 | tee "$LOGS/bench.log"
-# The grid kernels (opt-in) at the shape the block kernels do not run.
-SGRNN_CUDA_GRID=1 python3 benchmarks/bench_gpu.py --shapes 100,256,1024,1024 --tables float32 \
-  --repeats 7 --calls 20 2>&1 | tee "$LOGS/bench_grid.log"
+# With SGRNN_CUDA_GRID=1 the op runs the grid kernels at every row count and "decomp" is the
+# decomposition: the two around kGridPaysRows (96).
+SGRNN_CUDA_GRID=1 python3 benchmarks/bench_gpu.py --shapes 100,64,1024,1024 100,96,1024,1024 \
+  100,128,1024,1024 --tables float32 --repeats 7 --calls 20 2>&1 | tee "$LOGS/bench_grid.log"
 exit $status

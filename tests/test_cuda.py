@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -196,9 +197,10 @@ def test_jvp_through_the_handler(rng, act, rev, bi, lengths):
 
 
 # ------------------------------------------------------------ the grid kernels (SGRNN_CUDA_GRID=1)
-# Sizes the block kernels do not run (H above 512, more than 16 rows an SM) with at least 32
-# rows run the grid kernels (csrc/cuda/grid_steps.h) only where SGRNN_CUDA_GRID=1 was set
-# before the extension's first question, so their tests run in a child process with it set
+# By default the grid kernels (csrc/cuda/grid_steps.h) run from 96 rows where R is too large for
+# the block kernels; with SGRNN_CUDA_GRID=1, set before the extension's first question, every
+# size of at least 32 rows that the block kernels do not run (H above 512, more than 16 rows an
+# SM) runs them. Their tests use small sizes, so they run in a child process with it set
 # (test_the_grid_kernels_when_asked_for); in this process they are skipped.
 GRID = os.environ.get("SGRNN_CUDA_GRID") == "1"
 requires_grid = pytest.mark.skipif(
@@ -279,14 +281,14 @@ def test_grid_jvp(rng):
     assert_close(jvp(op), jvp(ref))
 
 
-def _child(*args: str, grid: bool = True) -> subprocess.CompletedProcess:
-    """Runs python in the repository's root, with SGRNN_CUDA_GRID=1 or without it. -P: the
-    installed package, not the source folder, is the one imported. On a GPU this process holds
-    most of its memory (XLA preallocates 75%), so the child allocates as it goes."""
+def _child(*args: str, grid: Optional[str] = "1") -> subprocess.CompletedProcess:
+    """Runs python in the repository's root, with SGRNN_CUDA_GRID set to ``grid`` or unset. -P:
+    the installed package, not the source folder, is the one imported. On a GPU this process
+    holds most of its memory (XLA preallocates 75%), so the child allocates as it goes."""
     env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
     env.pop("SGRNN_CUDA_GRID", None)
-    if grid:
-        env["SGRNN_CUDA_GRID"] = "1"
+    if grid is not None:
+        env["SGRNN_CUDA_GRID"] = grid
     return subprocess.run([sys.executable, "-P", *args], env=env,
                           cwd=Path(__file__).resolve().parent.parent, capture_output=True,
                           text=True, timeout=3600)
@@ -300,6 +302,20 @@ def test_the_grid_kernels_when_asked_for():
                  "test_grid_")
     assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-5000:]
     assert " passed" in run.stdout and " skipped" not in run.stdout, run.stdout[-2000:]
+
+
+@requires_gpu
+@pytest.mark.skipif("SGRNN_CUDA_GRID" in os.environ, reason="the default's test (SGRNN_CUDA_GRID "
+                                                           "is set in this process)")
+def test_grid_kernels_by_default_from_96_rows(rng):
+    """Without SGRNN_CUDA_GRID, 96 rows at H = 600 (no block or cluster holds R) lower to the
+    handler (its grid kernels) and match the reference, both directions."""
+    flags = dict(activation="tanh", bidirectional=True)
+    inputs = make_inputs(rng, 3, 96, 5, 600, bidirectional=True, dtype=jnp.float32)
+    text = lowered_text(lambda x, R, W: op(x, R, W, **flags), inputs["source"],
+                        inputs["recurrent_weight"], inputs["input_weight"], platform="cuda")
+    assert "jax_sgrnn_cuda_forward" in text
+    _check(rng, 3, 96, 5, 600, jnp.float32, flags, mask="bool")
 
 
 # ---------------------------------------------------------------- lowering (CUDA build only)
@@ -337,19 +353,21 @@ def test_lowering_for_cuda_emits_the_custom_calls_that_pay(rng, N, H, fwd_call, 
 
 
 @requires_cuda_build
-@pytest.mark.parametrize("grid", [False, True], ids=["default", "SGRNN_CUDA_GRID=1"])
-def test_lowering_for_cuda_takes_the_grid_kernels_only_when_asked_for(grid):
-    """(LOOP_T,256,1024,1024) lowered for cuda (no GPU needed): the decomposition by default,
-    the handler's calls with SGRNN_CUDA_GRID=1 (read once, so asked in a child process)."""
+@pytest.mark.parametrize("N,grid,runs", [(256, None, True), (96, None, True), (95, None, False),
+                                         (256, "0", False), (32, "1", True), (31, "1", False)])
+def test_lowering_for_cuda_takes_the_grid_kernels_where_they_pay_or_are_asked_for(N, grid, runs):
+    """(LOOP_T,N,1024,1024) lowered for cuda (no GPU needed): by default the handler's calls (the
+    grid kernels) from 96 rows and the decomposition below; none with SGRNN_CUDA_GRID=0; from 32
+    rows with SGRNN_CUDA_GRID=1 (read once, so asked in a child process)."""
     code = ("import jax, jax.numpy as jnp, jax_sgrnn\n"
-            f"x = jax.ShapeDtypeStruct(({LOOP_T}, 256, 1024), jnp.float32)\n"
+            f"x = jax.ShapeDtypeStruct(({LOOP_T}, {N}, 1024), jnp.float32)\n"
             "R = jax.ShapeDtypeStruct((1024, 1024), jnp.float32)\n"
             "f = lambda x, R: jax_sgrnn.single_gate_rnn(x, R, activation='tanh')\n"
             "print(jax.jit(f).trace(x, R).lower(lowering_platforms=('cuda',)).as_text())\n")
     run = _child("-c", code, grid=grid)
     assert run.returncode == 0, run.stderr[-3000:]
-    assert ("jax_sgrnn_cuda_forward" in run.stdout) == grid
-    assert ("stablehlo.while" in run.stdout) != grid
+    assert ("jax_sgrnn_cuda_forward" in run.stdout) == runs
+    assert ("stablehlo.while" in run.stdout) != runs
 
 
 @requires_cuda_build

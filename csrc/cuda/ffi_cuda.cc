@@ -98,8 +98,8 @@ ffi::Error PlanFor(const Dims& d, int64_t element_bytes, CallPlan* out) {
                            "T*N*D*H = " + std::to_string(d.T * d.N * d.D * d.H) +
                            " does not fit (the lowering uses the lax.scan decomposition for it)");
   }
-  if (GridRequested() &&
-      ChoosePath(d.T, d.H, d.N, d.D, element_bytes, limits, true) == CudaPath::kGrid) {
+  if (ChoosePath(d.T, d.H, d.N, d.D, element_bytes, limits, RequestedGridUse()) ==
+      CudaPath::kGrid) {
     out->path = CudaPath::kGrid;
     out->grid =
         *PlanGrid(d.H, d.N, element_bytes, limits.multiprocessors, limits.shared_bytes);
@@ -263,12 +263,14 @@ DeviceLimits LoweringDeviceLimits() {
   return smallest;
 }
 
-bool GridRequested() {
-  static const bool requested = [] {
+GridUse RequestedGridUse() {
+  static const GridUse use = [] {
     const char* value = std::getenv("SGRNN_CUDA_GRID");
-    return value != nullptr && std::string_view(value) == "1";
+    const std::string_view asked = value != nullptr ? value : "";
+    if (asked == "0") return GridUse::kNever;
+    return asked == "1" ? GridUse::kWhereFits : GridUse::kWherePaid;
   }();
-  return requested;
+  return use;
 }
 
 }  // namespace sgrnn::cuda

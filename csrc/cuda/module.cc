@@ -18,13 +18,13 @@ PYBIND11_MODULE(_sgrnn_cuda, m) {
       "runs_on_chip",
       [](int64_t steps, int64_t hidden, int64_t batch, int64_t directions, int64_t itemsize) {
         return sgrnn::cuda::RunsOnChip(steps, hidden, batch, directions, itemsize,
-                                       sgrnn::cuda::GridRequested(),
+                                       sgrnn::cuda::RequestedGridUse(),
                                        sgrnn::cuda::LoweringDeviceLimits());
       },
       pybind11::arg("steps"), pybind11::arg("hidden"), pybind11::arg("batch"),
       pybind11::arg("directions"), pybind11::arg("itemsize"),
       "Whether the recurrence kernels (the forward's and the gradient op's share one plan) "
       "run these sizes and are expected to beat the lax.scan decomposition for this batch "
-      "on every visible GPU (csrc/cuda/recurrence_plan.h, RunsOnChip; the grid kernels count "
-      "only with SGRNN_CUDA_GRID=1); otherwise the lowering uses the latter.");
+      "on every visible GPU (csrc/cuda/recurrence_plan.h, RunsOnChip; SGRNN_CUDA_GRID=0 or 1 "
+      "changes where the grid kernels count, GridUse); otherwise the lowering uses the latter.");
 }

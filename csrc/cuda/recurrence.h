@@ -23,9 +23,9 @@ template <typename T>
 cudaError_t LaunchGradients(const Config& c, const Dims& d, const RecurrencePlan& plan,
                             const GradientArgs<T>& args, cudaStream_t stream);
 
-// Whether the grid kernels were asked for: SGRNN_CUDA_GRID=1 in the environment when the
-// extension first asks (ffi_cuda.cc). They run only then (recurrence_plan.h, ChoosePath).
-bool GridRequested();
+// Where the grid kernels run (recurrence_plan.h, GridUse): SGRNN_CUDA_GRID=0 or 1 in the
+// environment when the extension first asks (ffi_cuda.cc), else the default.
+GridUse RequestedGridUse();
 
 // The limits the lowering plans with (recurrence_plan.h, RunsOnChip): the smallest of the
 // visible GPUs', asked once, or kTypicalDevice where none is visible.

@@ -240,10 +240,8 @@ inline bool IndexesFit(int64_t T, int64_t N, int64_t D, int64_t H) {
 }
 
 // Which of the CUDA handler's paths runs N rows and D directions: the kernels of blocks and
-// clusters (PlanRecurrence), the grid kernels (PlanGrid; only when `grid` is asked for: faster
-// than the decomposition at (100,256,1024,1024), slower at 32 rows, docs/performance.md,
-// "Floors"), or the lax.scan decomposition,
-// whose steps are cuBLAS products. Measured on an H200 (docs/performance.md, "GPU"): the block
+// clusters (PlanRecurrence), the grid kernels (PlanGrid, where GridUse lets them), or the
+// lax.scan decomposition, whose steps are cuBLAS products. Measured on an H200 (docs/performance.md, "GPU"): the block
 // kernels are several times faster while each SM works through a few rows a step, still faster
 // at 16 rows; more rows an SM were not compared. The handler asks with its device's limits;
 // the lowering (RunsOnChip) with the smallest of the visible GPUs' (ffi_cuda.cc's
@@ -260,16 +258,19 @@ inline constexpr DeviceLimits kTypicalDevice{132, 227 * 1024};  // H100 SXM, H20
 
 enum class CudaPath { kBlocks, kGrid, kDecomposition };
 
-// The fewest rows the grid kernels take: a tile computes all its rows (32 in the first tile
-// shape), live or not, so with fewer a step costs about as much as with 32 (1 M FMAs a block
-// at H = 1024, about 4 us), where the decomposition's split products took 3.6 us a step at
-// (1024,1,1024,1024) ("The sweep" in docs/performance.md). With 64-row tiles of 8 x 4 a
-// thread, 32 rows cost about as much a step as 256 on an H100 ((50,32,1024) 19.7 us,
-// (100,256,1024) 20.6).
+// Where the grid kernels run, beside the block kernels: from kGridPaysRows rows where R is too
+// large for the block kernels (the default), never (SGRNN_CUDA_GRID=0), or from kGridMinRows
+// rows wherever their plan fits (SGRNN_CUDA_GRID=1: how the tests run them at small sizes). A tile computes all its rows (32
+// in the first tile shape), live or not, so with fewer than 32 a step costs about as much as
+// with 32. Against the decomposition on an H100 at H = 1024 (docs/performance.md, "Floors"),
+// forward / forward+backward back to back: 96 rows 1.22x / 1.13x faster, 128 1.23x / 1.12x,
+// 256 1.18x / 1.03x; 64 rows 1.03x / 0.93x, 48 1.02x / 0.94x, 32 0.99x / 0.96x.
+enum class GridUse { kNever, kWherePaid, kWhereFits };
 inline constexpr int64_t kGridMinRows = 32;
+inline constexpr int64_t kGridPaysRows = 96;
 
 inline CudaPath ChoosePath(int64_t T, int64_t H, int64_t N, int64_t D, int64_t element_bytes,
-                           const DeviceLimits& device, bool grid) {
+                           const DeviceLimits& device, GridUse grid) {
   if (!IndexesFit(T, N, D, H)) return CudaPath::kDecomposition;
   // The block kernels' rows an SM, counted as if shared memory held every row in one wave;
   // they run where R and a row fit the device.
@@ -280,7 +281,10 @@ inline CudaPath ChoosePath(int64_t T, int64_t H, int64_t N, int64_t D, int64_t e
       PlanRecurrence(H, N, D, element_bytes, device.multiprocessors, device.shared_bytes)) {
     return CudaPath::kBlocks;
   }
-  if (grid && N >= kGridMinRows &&
+  const bool grid_may_run = grid == GridUse::kWhereFits
+                                ? N >= kGridMinRows
+                                : grid == GridUse::kWherePaid && !blocks && N >= kGridPaysRows;
+  if (grid_may_run &&
       PlanGrid(H, N, element_bytes, device.multiprocessors, device.shared_bytes)) {
     return CudaPath::kGrid;
   }
@@ -290,7 +294,8 @@ inline CudaPath ChoosePath(int64_t T, int64_t H, int64_t N, int64_t D, int64_t e
 // The lowering's question: whether the handler runs these sizes (the forward and the gradient
 // op share one plan), or the decomposition does.
 inline bool RunsOnChip(int64_t T, int64_t H, int64_t N, int64_t D, int64_t element_bytes,
-                       bool grid = false, const DeviceLimits& device = kTypicalDevice) {
+                       GridUse grid = GridUse::kWherePaid,
+                       const DeviceLimits& device = kTypicalDevice) {
   return ChoosePath(T, H, N, D, element_bytes, device, grid) != CudaPath::kDecomposition;
 }
 

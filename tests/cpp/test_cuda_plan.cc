@@ -129,29 +129,41 @@ void PreferenceFollowsRowsPerMultiprocessor() {
   Check(RunsOnChip(65535, 256, 128, 1, 4), "T*N*H = 2^31 - 2^17 on chip");
   Check(!RunsOnChip(65536, 256, 128, 1, 4), "T*N*H = 2^31 by scan");
   Check(!RunsOnChip(32768, 256, 128, 2, 4), "T*N*D*H = 2^31 (bidirectional) by scan");
-  // The grid kernels, where asked for: where the block kernels do not run and PlanGrid fits.
-  Check(RunsOnChip(100, 1024, 256, 1, 4, true) && RunsOnChip(100, 1024, 256, 2, 4, true),
+  // The grid kernels where asked for (SGRNN_CUDA_GRID=1): where the block kernels do not run
+  // and PlanGrid fits, from 32 rows.
+  constexpr GridUse fits = GridUse::kWhereFits, never = GridUse::kNever;
+  Check(RunsOnChip(100, 1024, 256, 1, 4, fits) && RunsOnChip(100, 1024, 256, 2, 4, fits),
         "(100,256,1024,1024) by the grid kernels, one direction or two");
-  Check(!RunsOnChip(100, 1024, 256, 1, 8, true), "(100,256,1024,1024) float64 by scan");
-  Check(!RunsOnChip(1024, 1024, 1, 1, 4, true) && !RunsOnChip(50, 1024, 31, 1, 4, true) &&
-            RunsOnChip(50, 1024, 32, 1, 4, true),
+  Check(!RunsOnChip(100, 1024, 256, 1, 8, fits), "(100,256,1024,1024) float64 by scan");
+  Check(!RunsOnChip(1024, 1024, 1, 1, 4, fits) && !RunsOnChip(50, 1024, 31, 1, 4, fits) &&
+            RunsOnChip(50, 1024, 32, 1, 4, fits),
         "the grid kernels from kGridMinRows (32) rows");
-  Check(!RunsOnChip(50, 1024, 1024, 1, 4, true), "(50,1024,1024,1024) by scan (512 tiles)");
-  Check(!RunsOnChip(50, 256, 2048, 1, 4, true), "(50,2048,256,256) by scan (256 tiles at least)");
-  Check(RunsOnChip(50, 700, 300, 1, 4, true), "(50,300,700,700) by the grid kernels");
-  Check(ChoosePath(1000, 128, 8, 1, 4, kTypicalDevice, true) == CudaPath::kBlocks &&
-            ChoosePath(50, 256, 1024, 1, 4, kTypicalDevice, true) == CudaPath::kBlocks,
+  Check(!RunsOnChip(50, 1024, 1024, 1, 4, fits), "(50,1024,1024,1024) by scan (512 tiles)");
+  Check(!RunsOnChip(50, 256, 2048, 1, 4, fits), "(50,2048,256,256) by scan (256 tiles at least)");
+  Check(RunsOnChip(50, 700, 300, 1, 4, fits) && RunsOnChip(50, 64, 3000, 1, 4, fits),
+        "(50,300,700,700) and (50,3000,64,64) by the grid kernels");
+  Check(ChoosePath(1000, 128, 8, 1, 4, kTypicalDevice, fits) == CudaPath::kBlocks &&
+            ChoosePath(50, 256, 1024, 1, 4, kTypicalDevice, fits) == CudaPath::kBlocks,
         "the block kernels where they run, grid or not");
-  Check(ChoosePath(65536, 256, 128, 1, 4, kTypicalDevice, true) == CudaPath::kDecomposition,
+  Check(ChoosePath(65536, 256, 128, 1, 4, kTypicalDevice, fits) == CudaPath::kDecomposition,
         "T*N*H = 2^31 by scan, grid or not");
+  // By default: from kGridPaysRows (96) rows where R is too large for the block kernels.
+  Check(RunsOnChip(100, 1024, 256, 1, 4) && RunsOnChip(100, 1024, 96, 1, 4) &&
+            RunsOnChip(50, 700, 300, 2, 4),
+        "(100,256,1024,1024), (100,96,1024,1024), (50,300,700,700 bi) by the grid kernels");
+  Check(!RunsOnChip(100, 1024, 95, 1, 4) && !RunsOnChip(50, 1024, 32, 1, 4),
+        "(100,95,1024,1024) and (50,32,1024,1024) by scan (fewer than 96 rows)");
+  Check(!RunsOnChip(50, 64, 3000, 1, 4), "(50,3000,64,64) by scan (R fits the block kernels)");
+  Check(!RunsOnChip(100, 1024, 256, 1, 4, never) && !RunsOnChip(50, 1024, 32, 1, 4, never),
+        "SGRNN_CUDA_GRID=0: the grid kernels never");
   // A GPU smaller than the typical one (the lowering asks with the visible GPUs' limits).
   const DeviceLimits pcie{114, 227 * 1024}, little_shared{132, 1024};
-  Check(!RunsOnChip(100, 1024, 256, 1, 4, true, pcie),
+  Check(!RunsOnChip(100, 1024, 256, 1, 4, fits, pcie),
         "(100,256,1024,1024) by scan on 114 SMs (its tiles need 128)");
-  Check(RunsOnChip(100, 1024, 100, 1, 4, true, pcie),
+  Check(RunsOnChip(100, 1024, 100, 1, 4, fits, pcie),
         "(100,100,1024,1024) by the grid kernels on 114 SMs (2 x 32 tiles of 64 x 32)");
-  Check(!RunsOnChip(200, 512, 64, 1, 4, false, little_shared) &&
-            RunsOnChip(200, 512, 64, 1, 4, false, kTypicalDevice),
+  Check(!RunsOnChip(200, 512, 64, 1, 4, never, little_shared) &&
+            RunsOnChip(200, 512, 64, 1, 4, never, kTypicalDevice),
         "(200,64,512,512) by scan where a row does not fit a block's shared memory");
 }
 
