@@ -241,12 +241,12 @@ inline bool IndexesFit(int64_t T, int64_t N, int64_t D, int64_t H) {
 
 // Which of the CUDA handler's paths runs N rows and D directions: the kernels of blocks and
 // clusters (PlanRecurrence), the grid kernels (PlanGrid, where GridUse lets them), or the
-// lax.scan decomposition, whose steps are cuBLAS products. Measured on an H200 (docs/performance.md, "GPU"): the block
-// kernels are several times faster while each SM works through a few rows a step, still faster
-// at 16 rows; more rows an SM were not compared. The handler asks with its device's limits;
-// the lowering (RunsOnChip) with the smallest of the visible GPUs' (ffi_cuda.cc's
-// LoweringDeviceLimits), so that the handler has a plan on any of them, or a typical GPU's
-// where none is visible.
+// lax.scan decomposition, whose steps are cuBLAS products. Measured on an H200
+// (docs/performance.md, "GPU"): the block kernels are several times faster while each SM works
+// through a few rows a step, still faster at 16 rows; more rows an SM were not compared. The
+// handler asks with its device's limits; the lowering (RunsOnChip) with the smallest of the
+// visible GPUs' (ffi_cuda.cc's LoweringDeviceLimits), so that the handler has a plan on any of
+// them, or a typical GPU's where none is visible.
 inline constexpr int64_t kMaxRowsPerMultiprocessor = 16;
 
 // What the plans need to know of a GPU.
@@ -260,11 +260,12 @@ enum class CudaPath { kBlocks, kGrid, kDecomposition };
 
 // Where the grid kernels run, beside the block kernels: from kGridPaysRows rows where R is too
 // large for the block kernels (the default), never (SGRNN_CUDA_GRID=0), or from kGridMinRows
-// rows wherever their plan fits (SGRNN_CUDA_GRID=1: how the tests run them at small sizes). A tile computes all its rows (32
-// in the first tile shape), live or not, so with fewer than 32 a step costs about as much as
-// with 32. Against the decomposition on an H100 at H = 1024 (docs/performance.md, "Floors"),
-// forward / forward+backward back to back: 96 rows 1.22x / 1.13x faster, 128 1.23x / 1.12x,
-// 256 1.18x / 1.03x; 64 rows 1.03x / 0.93x, 48 1.02x / 0.94x, 32 0.99x / 0.96x.
+// rows wherever their plan fits (SGRNN_CUDA_GRID=1: how the tests run them at small sizes). A
+// tile computes all its rows (32 in the first tile shape), live or not, so with fewer than 32
+// a step costs about as much as with 32. Against the decomposition on an H100 at H = 1024
+// (docs/performance.md, "NVIDIA H100"), forward / forward+backward back to back: 96 rows 1.22x
+// / 1.13x faster, 128 1.23x / 1.12x, 256 1.18x / 1.03x; 64 rows 1.03x / 0.93x, 48 1.02x /
+// 0.94x, 32 0.99x / 0.96x.
 enum class GridUse { kNever, kWherePaid, kWhereFits };
 inline constexpr int64_t kGridMinRows = 32;
 inline constexpr int64_t kGridPaysRows = 96;
