@@ -307,7 +307,7 @@ def test_the_grid_kernels_when_asked_for():
 @requires_gpu
 @pytest.mark.skipif("SGRNN_CUDA_GRID" in os.environ, reason="the default's test (SGRNN_CUDA_GRID "
                                                            "is set in this process)")
-def test_grid_kernels_by_default_from_96_rows(rng):
+def test_default_takes_the_grid_kernels_from_96_rows(rng):
     """Without SGRNN_CUDA_GRID, 96 rows at H = 600 (no block or cluster holds R) lower to the
     handler (its grid kernels) and match the reference, both directions."""
     flags = dict(activation="tanh", bidirectional=True)
