@@ -201,11 +201,17 @@ def test_jvp_through_the_handler(rng, act, rev, bi, lengths):
 # the block kernels; with SGRNN_CUDA_GRID=1, set before the extension's first question, every
 # size of at least 32 rows that the block kernels do not run (H above 512, more than 16 rows an
 # SM) runs them. Their tests use small sizes, so they run in a child process with it set
-# (test_the_grid_kernels_when_asked_for); in this process they are skipped.
+# (test_the_grid_kernels_when_asked_for, which selects them by their marker); in this process
+# they are skipped.
 GRID = os.environ.get("SGRNN_CUDA_GRID") == "1"
-requires_grid = pytest.mark.skipif(
-    not (ON_GPU and GRID), reason="needs a GPU and SGRNN_CUDA_GRID=1 (the child process of "
-                                  "test_the_grid_kernels_when_asked_for runs these)")
+
+
+def requires_grid(test):
+    """Marks a test of the grid kernels at small sizes: run only by the child process."""
+    skip = pytest.mark.skipif(
+        not (ON_GPU and GRID), reason="needs a GPU and SGRNN_CUDA_GRID=1 (the child process of "
+                                      "test_the_grid_kernels_when_asked_for runs these)")
+    return pytest.mark.grid_kernels(skip(test))
 
 
 @requires_grid
@@ -297,9 +303,9 @@ def _child(*args: str, grid: Optional[str] = "1") -> subprocess.CompletedProcess
 @requires_gpu
 @pytest.mark.skipif(GRID, reason="the child process itself")
 def test_the_grid_kernels_when_asked_for():
-    """The test_grid_ tests above, in a child process with SGRNN_CUDA_GRID=1."""
-    run = _child("-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_cuda.py", "-k",
-                 "test_grid_")
+    """The tests marked by requires_grid above, in a child process with SGRNN_CUDA_GRID=1."""
+    run = _child("-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_cuda.py", "-m",
+                 "grid_kernels")
     assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-5000:]
     assert " passed" in run.stdout and " skipped" not in run.stdout, run.stdout[-2000:]
 
