@@ -2,9 +2,8 @@
 # On a machine with an sm_90 GPU, nvcc, jax[cuda] and PyTorch: builds the package from this
 # checkout, runs the GPU tests, compute-sanitizer over the kernels, the five-shape tables and
 # the grid kernels against the decomposition around the rows where the default starts them,
-# in that order, each
-# step's log under $LOGS (default /tmp/sgrnn_gpu_check). The tests run on the
-# GPU only with JAX_PLATFORMS naming cuda (the suite defaults to the CPU), and serially: each
+# in that order, each step's log under $LOGS (default /tmp/sgrnn_gpu_check). The tests run on
+# the GPU only with JAX_PLATFORMS naming cuda (the suite defaults to the CPU), and serially: each
 # pytest-xdist worker would take 75% of the GPU's memory at start and fail its collection.
 # Python runs with -P, so that `import jax_sgrnn` finds the installed package (with its native
 # modules), not the source folder of the current directory.

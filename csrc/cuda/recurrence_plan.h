@@ -262,10 +262,9 @@ enum class CudaPath { kBlocks, kGrid, kDecomposition };
 // large for the block kernels (the default), never (SGRNN_CUDA_GRID=0), or from kGridMinRows
 // rows wherever their plan fits (SGRNN_CUDA_GRID=1: how the tests run them at small sizes). A
 // tile computes all its rows (32 in the first tile shape), live or not, so with fewer than 32
-// a step costs about as much as with 32. Against the decomposition on an H100 at H = 1024
-// (docs/performance.md, "NVIDIA H100"), forward / forward+backward back to back: 96 rows 1.22x
-// / 1.13x faster, 128 1.23x / 1.12x, 256 1.18x / 1.03x; 64 rows 1.03x / 0.93x, 48 1.02x /
-// 0.94x, 32 0.99x / 0.96x.
+// a step costs about as much as with 32. Against the decomposition, measured at H = 1024
+// (docs/performance.md, "NVIDIA H100"), they win both ways from 96 rows; below, their
+// forward+backward is slower.
 enum class GridUse { kNever, kWherePaid, kWhereFits };
 inline constexpr int64_t kGridMinRows = 32;
 inline constexpr int64_t kGridPaysRows = 96;
