@@ -1,8 +1,8 @@
 """The standalone CUDA programs compile for sm_90 wherever nvcc is found.
 
-They run only on a GPU (the kernels-alone timer, the step probes, the compute-sanitizer driver),
-so without this check a change to the kernels' headers could break them unseen until the next
-GPU session. Each is compiled to an object file (no GPU needed, no link: the programs that
+They run only on a GPU (the kernels-alone timer, the step and rate probes, the compute-sanitizer
+driver), so without this check a change to the kernels' headers could break them unseen until the
+next GPU session. Each is compiled to an object file (no GPU needed, no link: the programs that
 drive csrc/cuda/recurrence.cu link its object, which the package's build already compiles).
 """
 
@@ -19,6 +19,7 @@ PROGRAMS = [
     "benchmarks/time_cuda_kernels.cu",
     "benchmarks/probe_step.cu",
     "benchmarks/probe_grid_step.cu",
+    "benchmarks/probe_arith_rate.cu",
     "tests/cpp/cuda_sanitize.cu",
 ]
 
