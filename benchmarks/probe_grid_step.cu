@@ -7,7 +7,9 @@
 //   whole     the step as the handler runs it; y checked against a double-precision loop on
 //             the host for rows of every row tile
 // Every mode runs the step's end (the sum over parts, the source, tanh, the stores). Each tile
-// shape the plan knows (recurrence_plan.h, kGridTiles) whose blocks fit the device runs.
+// shape the plan knows (recurrence_plan.h, kGridTiles) whose blocks fit the device runs, with
+// the products on the FMA lanes (the handler's) and on the tensor cores (3xTF32,
+// GridTile<BM, BN, true>).
 // Forward, tanh, float32, h0, no mask, lengths or z. Time: CUDA events (cuda_timing.h), the
 // median of 30 launches after 5, each zeroing its workspace first; us a step = / T.
 //
@@ -75,8 +77,9 @@ void Time(const Problem& p, const GridPlan& plan, void* workspace, const char* p
     return LaunchDirections(GridForwardKernel<Activation::kTanh, Tile, Machine>, c, d, plan,
                             args, workspace, nullptr);
   });
-  std::printf("| %lld x %lld | %lld | %lld | %s | %.1f | %.2f |",
+  std::printf("| %lld x %lld | %s | %lld | %lld | %s | %.1f | %.2f |",
               static_cast<long long>(plan.tile.rows), static_cast<long long>(plan.tile.units),
+              Tile::kTensorCores ? "tensor cores" : "FMA lanes",
               static_cast<long long>(plan.blocks()),
               static_cast<long long>(plan.shared_bytes / 1024), parts, us, us / kSteps);
   if (check) {
@@ -129,18 +132,20 @@ int main() {
   // The step's products: N H^2 FMAs over all SMs' 128 float32 lanes, at this clock.
   const double floor_us = 1e3 * kRows * kHidden * kHidden / (128.0 * sms * clock_khz);
   std::printf("products' floor (all SMs' float32 FMA lanes): %.2f us a step\n\n", floor_us);
-  std::printf("| tile | blocks | shared KB | parts | us | us/step | max error |\n"
-              "|---|---:|---:|---|---:|---:|---|\n");
+  std::printf("| tile | products on | blocks | shared KB | parts | us | us/step | max error |\n"
+              "|---|---|---:|---:|---|---:|---:|---|\n");
   for (const GridTileShape& tile : kGridTiles) {
     const GridPlan plan = GridPlanOf(kHidden, kRows, tile);
     if (plan.blocks() > sms || plan.shared_bytes > shared) continue;
     void* workspace = nullptr;
     CHECK(cudaMalloc(&workspace, plan.WorkspaceBytes(1)));
-    DispatchGridTile(tile, [&]<typename Tile>() {
+    const auto time_parts = [&]<typename Tile>() {
       Time<Tile, ProductsOnly>(p, plan, workspace, "products", false);
       Time<Tile, NoHandOver>(p, plan, workspace, "+ loads", false);
       Time<Tile, GpuMachine>(p, plan, workspace, "whole", true);
-    });
+    };
+    DispatchGridTile(tile, time_parts);
+    DispatchGridTile<true>(tile, time_parts);
     CHECK(cudaFree(workspace));
   }
   for (float* q : {p.R_device, p.source_device, p.h0_device, p.y_device}) CHECK(cudaFree(q));

@@ -40,6 +40,44 @@ struct GpuMachine {
     } while (seen < value);
     __threadfence();
   }
+  // The tensor-core tiles' products (grid_steps.h): the operands split as they arrive, then
+  // each tile's three products, the small ones first (so that they meet the accumulator
+  // before the large one).
+  template <int MT, int NT>
+  static __device__ void WarpMultiplyAdd(float (&acc)[MT][NT][4], const float (&a)[MT][4],
+                                         const float (&b)[NT][2]) {
+    Tf32Split x[MT][4], y[NT][2];
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) x[m][i] = SplitTf32(a[m][i]);
+    }
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) y[n][i] = SplitTf32(b[n][i]);
+    }
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        Mma(acc[m][n], {x[m][0].small, x[m][1].small, x[m][2].small, x[m][3].small},
+            {y[n][0].big, y[n][1].big});
+        Mma(acc[m][n], {x[m][0].big, x[m][1].big, x[m][2].big, x[m][3].big},
+            {y[n][0].small, y[n][1].small});
+        Mma(acc[m][n], {x[m][0].big, x[m][1].big, x[m][2].big, x[m][3].big},
+            {y[n][0].big, y[n][1].big});
+      }
+    }
+  }
+  // d += A B for one m16n8k8 tile; the tensor cores read each operand's top 19 bits (tf32).
+  static __device__ void Mma(float (&d)[4], const Float4& a, const Float2& b) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(BitsOf(a.v[0])), "r"(BitsOf(a.v[1])), "r"(BitsOf(a.v[2])), "r"(BitsOf(a.v[3])),
+          "r"(BitsOf(b.x)), "r"(BitsOf(b.y)));
+  }
 };
 
 template <Activation A, typename Tile, typename Machine>

@@ -21,9 +21,18 @@
 //   Commit(), Wait<n>()      ends a group of copies; waits until at most n groups are pending
 //   Arrive(counter)          adds one to a counter after this block's stores (release)
 //   WaitFor(counter, value)  waits until the counter reaches value (acquire)
+//   WarpMultiplyAdd(acc, a, b)  (tensor-core tiles only) acc += A B for the warp's MT x NT
+//                            m16n8k8 tiles, from A's and B's fragments in PTX's tf32 layouts,
+//                            each float32 product as SplitTf32's three tf32 ones
+//
+// GridTile<BM, BN, true> runs the step's products on the tensor cores instead of the FMA
+// lanes, as three tf32 products a float32 one ("3xTF32", SplitTf32). The handler does not use
+// it: benchmarks/probe_grid_step.cu times it against the FMA lanes, and
+// tests/cpp/test_grid_steps.cc checks it against the spec like the FMA tiles.
 #ifndef JAX_SGRNN_CUDA_GRID_STEPS_H_
 #define JAX_SGRNN_CUDA_GRID_STEPS_H_
 
+#include <bit>
 #include <cstdint>
 
 #include "cuda/recurrence_args.h"
@@ -40,15 +49,50 @@
 
 namespace sgrnn::cuda {
 
+SGRNN_DEVICE inline uint32_t BitsOf(float x) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(x);
+#else
+  return std::bit_cast<uint32_t>(x);
+#endif
+}
+SGRNN_DEVICE inline float FloatOf(uint32_t bits) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(bits);
+#else
+  return std::bit_cast<float>(bits);
+#endif
+}
+
+// x as big + small for the tensor cores' tf32 products (x y as x_big y_big + x_big y_small +
+// x_small y_big). big is x rounded to tf32's 10 fraction bits (half an ulp added to the bits,
+// the 13 low bits dropped: 2 integer instructions, where cvt.rna.tf32.f32 compiles to a longer
+// sequence on sm_90), and small = x - big exactly, whose own 13 low bits the tensor cores drop
+// as they read it; what neither part holds, and the dropped x_small y_small, are under 2^-22
+// of x and of x y. An infinite x is all big (x - big would be NaN); a NaN stays in small,
+// whatever big becomes; an x within half a tf32 ulp of float32's largest rounds to an
+// infinite big and gives NaN.
+struct Tf32Split {
+  float big, small;
+};
+SGRNN_DEVICE inline Tf32Split SplitTf32(float x) {
+  const float big = FloatOf((BitsOf(x) + 0x1000u) & 0xffffe000u);
+  return {big, x == big ? 0.0f : x - big};
+}
+
 // The split of a BM x BN tile over a block's kGridThreads threads. Each thread sums a TM x TN
 // register tile over its part of a chunk's entries, reading per 4 entries TM 16-byte vectors
 // of the state and TN of R. Shared memory returns one register a lane per cycle, a quarter of
 // the FMA pipes' rate, so 8 x 8 (a register loaded per 4 FMAs, the loads of a row paired
 // across neighbouring lanes) where the tile has a warp's worth of such threads, else 8 x 4.
-template <int kRows, int kUnits>
+template <int kRows, int kUnits, bool kOnTensorCores = false>
 struct GridTile {
+  static constexpr bool kTensorCores = kOnTensorCores;  // false: true is specialized below
   static constexpr int BM = kRows, BN = kUnits, TM = 8;
   static constexpr int TN = (BM / TM) * (BN / 8) % 32 == 0 ? 8 : 4;
+  struct Accumulators {
+    float v[TM][TN];
+  };
   static constexpr int kThreads = kGridThreads, KC = kGridChunk, kStages = kGridStages;
   static constexpr int kStride = kGridChunkStride;
   // A thread's TM rows are BM / TM apart, so that the rows one warp reads lie in different
@@ -66,6 +110,8 @@ struct GridTile {
   static_assert(kPartEntries % 4 == 0 && (BM * BN) % kThreads == 0 &&
                 (BM * KC / 4) % kThreads == 0);
   static_assert(KS * BN <= kStages * kStride, "the parts' sums fit the chunk buffers");
+  // Where entry i of unit u lies in R_units.
+  static constexpr int RIndex(int entry, int unit) { return entry * BN + unit; }
   // Unit u (< TN) of a thread's register tile, within the tile.
   static constexpr int UnitOf(int unit_group, int u) {
     return u / 4 * kVectorStride + unit_group * 4 + u % 4;
@@ -83,8 +129,47 @@ struct GridTile {
   }
 };
 
+// The same tile on the tensor cores (3xTF32, SplitTf32): each warp is a part and sums the whole
+// BM x BN tile over its kPartEntries of each chunk in m16n8k8 products, MT x NT of them per 8
+// entries (P::WarpMultiplyAdd). A lane's place in the fragments: its group g = lane / 4 (A's
+// rows g and g + 8, B's unit g, the sums' rows g and g + 8) and member t = lane % 4 (A's and B's
+// entries t and t + 4, the sums' units 2t and 2t + 1): GridBlock's row_group and unit_group.
+template <int kRows, int kUnits>
+struct GridTile<kRows, kUnits, true> {
+  static constexpr bool kTensorCores = true;
+  static constexpr int BM = kRows, BN = kUnits;
+  static constexpr int kThreads = kGridThreads, KC = kGridChunk, kStages = kGridStages;
+  static constexpr int kStride = kGridChunkStride;
+  static constexpr int kPartThreads = 32, kUnitGroups = 4;
+  static constexpr int KS = kThreads / kPartThreads;  // parts of a chunk's entries: warps
+  static constexpr int kPartEntries = KC / KS;
+  static constexpr int MT = BM / 16, NT = BN / 8;  // a warp's m16n8k8 tiles
+  struct Accumulators {
+    float v[MT][NT][4];  // C fragments
+  };
+  static constexpr int kOutputs = BM * BN / kThreads;
+  static constexpr int kChunkVectors = BM * KC / 4 / kThreads;
+  static_assert(BM % 16 == 0 && BN % 8 == 0 && 32 % BN == 0 && kPartEntries % 8 == 0);
+  static_assert((BM * BN) % kThreads == 0 && (BM * KC / 4) % kThreads == 0);
+  static_assert(KS * BN <= kStages * kStride, "the parts' sums fit the chunk buffers");
+  // Where (line, unit) of a [lines][BN] array lies: R_units (line: entry) and the parts' sums
+  // (line: row). Each line's groups of 8 units are swapped by its place among the lines that
+  // share a 32-bank line, so that B's fragments (entries t and t + 4, units g of 8) and the
+  // sums' 8-byte stores (rows g, units 2t and 2t + 1) meet each bank once a phase, while a
+  // whole line read a unit a lane still meets every bank once. The swap repeats every 4
+  // lines: Swizzled(l + 4m, u) = Swizzled(l, u) + 4m BN.
+  static constexpr int Swizzled(int line, int unit) {
+    return line * BN + (unit ^ line * BN / 32 % (BN / 8) * 8);
+  }
+  static constexpr int RIndex(int entry, int unit) { return Swizzled(entry, unit); }
+  static constexpr int SumIndex(int row, int unit) { return Swizzled(row, unit); }
+};
+
 struct alignas(16) Float4 {
   float v[4];
+};
+struct alignas(8) Float2 {
+  float x, y;
 };
 
 // Per-launch sizes. Element indices are 32-bit (IndexesFit).
@@ -101,7 +186,7 @@ template <typename Tile>
 struct GridBlock {
   int row_tile, row0, unit0;  // the tile's first row and unit
   int thread, part, row_group, unit_group;
-  float* R_units;  // [Hp][BN]: entry i of the tile's unit u at i * BN + u
+  float* R_units;  // [Hp][BN]: entry i of the tile's unit u at Tile::RIndex(i, u)
   float* chunks;   // kStages x [BM][kStride]; the parts' sums [KS][BM][BN] at a step's end
   int32_t* lengths;  // [BM]
 
@@ -152,7 +237,7 @@ SGRNN_DEVICE void LoadBlock(const GridBlock<Tile>& blk, const GridGeometry& g, c
     const int j = blk.unit0 + u;
     float w = 0.0f;
     if (entry < g.H && j < g.H) w = columns ? R_d[entry * g.H + j] : R_d[j * g.H + entry];
-    blk.R_units[entry * Tile::BN + u] = w;
+    blk.R_units[Tile::RIndex(entry, u)] = w;
   }
   for (int b = blk.thread; b < Tile::BM; b += Tile::kThreads) {
     const int n = blk.row0 + b;
@@ -161,13 +246,75 @@ SGRNN_DEVICE void LoadBlock(const GridBlock<Tile>& blk, const GridGeometry& g, c
   P::Sync();
 }
 
+// A chunk's products on the FMA lanes: the thread's TM x TN register tile over its part's
+// entries, `h` the chunk's first entry of the part, `w` R_units' first entry of the part.
+template <typename Tile>
+SGRNN_DEVICE void ChunkOnFmaLanes(const GridBlock<Tile>& blk, const float* h, const float* w,
+                                  float (&acc)[Tile::TM][Tile::TN]) {
+  constexpr int TM = Tile::TM, TN = Tile::TN, BN = Tile::BN;
+  w += Tile::UnitOf(blk.unit_group, 0);
+SGRNN_UNROLL
+  for (int k = 0; k < Tile::kPartEntries; k += 4) {
+    // 16-byte shared loads: 4 entries of each row; each entry's units, a vector at a time
+    Float4 a[TM], b[4][Tile::kUnitVectors];
+SGRNN_UNROLL
+    for (int i = 0; i < TM; ++i) {
+      a[i] = *reinterpret_cast<const Float4*>(
+          h + (blk.row_group + i * Tile::kRowGroups) * Tile::kStride + k);
+    }
+SGRNN_UNROLL
+    for (int x = 0; x < 4; ++x) {
+SGRNN_UNROLL
+      for (int v = 0; v < Tile::kUnitVectors; ++v) {
+        b[x][v] = *reinterpret_cast<const Float4*>(w + (k + x) * BN + v * Tile::kVectorStride);
+      }
+    }
+SGRNN_UNROLL
+    for (int i = 0; i < TM; ++i) {
+SGRNN_UNROLL
+      for (int x = 0; x < 4; ++x) {
+SGRNN_UNROLL
+        for (int u = 0; u < TN; ++u) acc[i][u] += a[i].v[x] * b[x][u / 4].v[u % 4];
+      }
+    }
+  }
+}
+
+// A chunk's products on the tensor cores: the warp's MT x NT m16n8k8 tiles over its part's
+// entries, 8 at a time; `h` and `w` as above (w's part starts at a multiple of 4 entries, so
+// Swizzled's offsets from it are those from entry 0).
+template <typename Tile, typename P>
+SGRNN_DEVICE void ChunkOnTensorCores(const GridBlock<Tile>& blk, const float* h, const float* w,
+                                     float (&acc)[Tile::MT][Tile::NT][4]) {
+  constexpr int MT = Tile::MT, NT = Tile::NT, kStride = Tile::kStride;
+  const int g = blk.row_group, t = blk.unit_group;
+SGRNN_UNROLL
+  for (int k = 0; k < Tile::kPartEntries; k += 8) {
+    float a[MT][4], b[NT][2];
+SGRNN_UNROLL
+    for (int m = 0; m < MT; ++m) {
+      const float* top = h + (m * 16 + g) * kStride + k + t;
+      a[m][0] = top[0];
+      a[m][1] = top[8 * kStride];
+      a[m][2] = top[4];
+      a[m][3] = top[8 * kStride + 4];
+    }
+SGRNN_UNROLL
+    for (int n = 0; n < NT; ++n) {
+      b[n][0] = w[Tile::Swizzled(k + t, n * 8 + g)];
+      b[n][1] = w[Tile::Swizzled(k + t + 4, n * 8 + g)];
+    }
+    P::WarpMultiplyAdd(acc, a, b);
+  }
+}
+
 // The step's products of the block's tile: sum over i of state[n][i] R_units[i][u] for its rows
 // and units, left with each output's owner in `total`. `state` is the state buffer the step
 // reads; the chunks are free again when this returns (after a block barrier).
 template <typename Tile, typename P>
 SGRNN_DEVICE void StepProducts(const GridBlock<Tile>& blk, const GridGeometry& g,
                                const float* state, float (&total)[Tile::kOutputs]) {
-  constexpr int BM = Tile::BM, BN = Tile::BN, TM = Tile::TM, TN = Tile::TN, KC = Tile::KC;
+  constexpr int BM = Tile::BM, BN = Tile::BN, KC = Tile::KC;
   constexpr int kStages = Tile::kStages, kStride = Tile::kStride;
   const int chunks = g.padded_hidden / KC;
   const float* rows = state + blk.row0 * g.padded_hidden;
@@ -183,56 +330,46 @@ SGRNN_UNROLL
     P::Commit();  // empty past the last chunk: the count of groups stays uniform
   };
   for (int c = 0; c < kStages - 1; ++c) load(c);
-  float acc[TM][TN];
-SGRNN_UNROLL
-  for (int i = 0; i < TM; ++i) {
-SGRNN_UNROLL
-    for (int u = 0; u < TN; ++u) acc[i][u] = 0.0f;
-  }
+  typename Tile::Accumulators acc{};
   for (int c = 0; c < chunks; ++c) {
     P::template Wait<kStages - 2>();  // chunk c is in (this thread's copies) ...
     P::Sync();  // ... and everyone's; chunk c - 1's buffer, which c + kStages - 1 takes, is read
     load(c + kStages - 1);
     const float* h = blk.chunks + (c % kStages) * BM * kStride + blk.part * Tile::kPartEntries;
-    const float* w = blk.R_units + (c * KC + blk.part * Tile::kPartEntries) * BN +
-                     Tile::UnitOf(blk.unit_group, 0);
-SGRNN_UNROLL
-    for (int k = 0; k < Tile::kPartEntries; k += 4) {
-      // 16-byte shared loads: 4 entries of each row; each entry's units, a vector at a time
-      Float4 a[TM], b[4][Tile::kUnitVectors];
-SGRNN_UNROLL
-      for (int i = 0; i < TM; ++i) {
-        a[i] = *reinterpret_cast<const Float4*>(
-            h + (blk.row_group + i * Tile::kRowGroups) * kStride + k);
-      }
-SGRNN_UNROLL
-      for (int x = 0; x < 4; ++x) {
-SGRNN_UNROLL
-        for (int v = 0; v < Tile::kUnitVectors; ++v) {
-          b[x][v] = *reinterpret_cast<const Float4*>(w + (k + x) * BN + v * Tile::kVectorStride);
-        }
-      }
-SGRNN_UNROLL
-      for (int i = 0; i < TM; ++i) {
-SGRNN_UNROLL
-        for (int x = 0; x < 4; ++x) {
-SGRNN_UNROLL
-          for (int u = 0; u < TN; ++u) acc[i][u] += a[i].v[x] * b[x][u / 4].v[u % 4];
-        }
-      }
+    const float* w = blk.R_units + (c * KC + blk.part * Tile::kPartEntries) * BN;
+    if constexpr (Tile::kTensorCores) {
+      ChunkOnTensorCores<Tile, P>(blk, h, w, acc.v);
+    } else {
+      ChunkOnFmaLanes<Tile>(blk, h, w, acc.v);
     }
   }
   P::template Wait<0>();
   P::Sync();  // every part is done with the chunks, which now take the parts' sums
-  float* sums = blk.chunks;
+  float* sums = blk.chunks + blk.part * BM * BN;
+  if constexpr (Tile::kTensorCores) {  // the m16n8k8 tiles' C fragments, 2 units at a time
 SGRNN_UNROLL
-  for (int i = 0; i < TM; ++i) {
+    for (int m = 0; m < Tile::MT; ++m) {
 SGRNN_UNROLL
-    for (int v = 0; v < Tile::kUnitVectors; ++v) {
-      const int at = Tile::SumIndex(blk.row_group + i * Tile::kRowGroups,
-                                    Tile::UnitOf(blk.unit_group, 4 * v));
-      *reinterpret_cast<Float4*>(sums + blk.part * BM * BN + at) = {
-          acc[i][4 * v], acc[i][4 * v + 1], acc[i][4 * v + 2], acc[i][4 * v + 3]};
+      for (int n = 0; n < Tile::NT; ++n) {
+SGRNN_UNROLL
+        for (int half = 0; half < 2; ++half) {
+          const int at = Tile::SumIndex(m * 16 + blk.row_group + 8 * half,
+                                        n * 8 + 2 * blk.unit_group);
+          *reinterpret_cast<Float2*>(sums + at) = {acc.v[m][n][2 * half],
+                                                   acc.v[m][n][2 * half + 1]};
+        }
+      }
+    }
+  } else {  // the register tile, a vector of 4 units at a time
+SGRNN_UNROLL
+    for (int i = 0; i < Tile::TM; ++i) {
+SGRNN_UNROLL
+      for (int v = 0; v < Tile::kUnitVectors; ++v) {
+        const int at = Tile::SumIndex(blk.row_group + i * Tile::kRowGroups,
+                                      Tile::UnitOf(blk.unit_group, 4 * v));
+        *reinterpret_cast<Float4*>(sums + at) = {acc.v[i][4 * v], acc.v[i][4 * v + 1],
+                                                 acc.v[i][4 * v + 2], acc.v[i][4 * v + 3]};
+      }
     }
   }
   P::Sync();
@@ -241,7 +378,7 @@ SGRNN_UNROLL
     const int at = Tile::SumIndex(blk.OutputRow(e), blk.OutputUnit(e));
     float sum = 0.0f;
 SGRNN_UNROLL
-    for (int p = 0; p < Tile::KS; ++p) sum += sums[p * BM * BN + at];
+    for (int p = 0; p < Tile::KS; ++p) sum += blk.chunks[p * BM * BN + at];
     total[e] = sum;
   }
 }
@@ -394,15 +531,17 @@ struct GridWorkspace {
   }
 };
 
-// Calls f.template operator()<GridTile<...>>() with the plan's tile as a type.
-template <typename F>
+// Calls f.template operator()<GridTile<...>>() with the plan's tile as a type (on the tensor
+// cores with kTensorCores).
+template <bool kTensorCores = false, typename F>
 decltype(auto) DispatchGridTile(const GridTileShape& tile, F&& f) {
   static_assert(sizeof(kGridTiles) / sizeof(kGridTiles[0]) == 5, "a case per tile below");
-  if (tile.rows == 32 && tile.units == 32) return f.template operator()<GridTile<32, 32>>();
-  if (tile.rows == 64 && tile.units == 32) return f.template operator()<GridTile<64, 32>>();
-  if (tile.rows == 128 && tile.units == 16) return f.template operator()<GridTile<128, 16>>();
-  if (tile.rows == 64 && tile.units == 16) return f.template operator()<GridTile<64, 16>>();
-  return f.template operator()<GridTile<128, 8>>();
+  constexpr bool T = kTensorCores;
+  if (tile.rows == 32 && tile.units == 32) return f.template operator()<GridTile<32, 32, T>>();
+  if (tile.rows == 64 && tile.units == 32) return f.template operator()<GridTile<64, 32, T>>();
+  if (tile.rows == 128 && tile.units == 16) return f.template operator()<GridTile<128, 16, T>>();
+  if (tile.rows == 64 && tile.units == 16) return f.template operator()<GridTile<64, 16, T>>();
+  return f.template operator()<GridTile<128, 8, T>>();
 }
 
 }  // namespace sgrnn::cuda

@@ -1,8 +1,9 @@
 // Unit test of csrc/cuda/grid_steps.h, the step loop of the CUDA kernels that spread each step
 // over the whole GPU, on any machine: every GPU thread of a launch runs as a host thread (the
 // block barrier a std::barrier, the async copies plain copies, the row tiles' counters
-// atomics), over a grid of flags, activations, tiles and sizes that leave partial tiles and
-// chunks, against a double-precision loop of the spec (docs/semantics.md). It checks the
+// atomics, a warp's mma.sync from PTX's fragment layouts), over a grid of flags, activations,
+// tiles (products on the FMA lanes and on the tensor cores) and sizes that leave partial tiles
+// and chunks, against a double-precision loop of the spec (docs/semantics.md). It checks the
 // kernels' indexing, time order, masks, lengths and hand-over; not the GPU's memory ordering or
 // timing, which need a GPU (tests/test_cuda.py, tests/cpp/cuda_sanitize.cu). Built and run by
 // tests/test_cpp_units.py; prints each failed check and exits non-zero.
@@ -11,7 +12,9 @@
 #include "checks.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
+#include <bit>
 #include <barrier>
 #include <cmath>
 #include <cstdint>
@@ -29,7 +32,19 @@ using namespace sgrnn;
 using namespace sgrnn::cuda;
 using unit_test::Check;
 
+// A warp's registers as its mma instructions see them: each lane's fragments.
+struct WarpExchange {
+  std::barrier<> barrier{32};
+  std::array<std::array<float, 32>, 32> a;  // per lane: MT x 4 values of A
+  std::array<std::array<float, 8>, 32> b;   // per lane: NT x 2 values of B
+};
+
 thread_local std::barrier<>* block_barrier = nullptr;
+thread_local WarpExchange* warp_exchange = nullptr;
+thread_local int lane_id = 0;
+
+// What the tensor cores read of a float32 register given as tf32: its top 19 bits.
+float AsTf32(float x) { return std::bit_cast<float>(std::bit_cast<uint32_t>(x) & 0xffffe000u); }
 
 // grid_steps.h's machine interface, for host threads.
 struct HostMachine {
@@ -46,16 +61,49 @@ struct HostMachine {
       std::this_thread::yield();
     }
   }
+  // mma.sync m16n8k8 from the PTX ISA's tf32 fragment layouts: lane 4g + t holds A's (g, t),
+  // (g + 8, t), (g, t + 4), (g + 8, t + 4) and B's (t, g), (t + 4, g), and gets C's (g, 2t),
+  // (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1); each product as the GPU's three of tf32 values.
+  template <int MT, int NT>
+  static void WarpMultiplyAdd(float (&acc)[MT][NT][4], const float (&a)[MT][4],
+                              const float (&b)[NT][2]) {
+    static_assert(MT * 4 <= 32 && NT * 2 <= 8);
+    WarpExchange& x = *warp_exchange;
+    for (int m = 0; m < MT; ++m) std::copy_n(a[m], 4, &x.a[lane_id][m * 4]);
+    for (int n = 0; n < NT; ++n) std::copy_n(b[n], 2, &x.b[lane_id][n * 2]);
+    x.barrier.arrive_and_wait();
+    const int g = lane_id / 4, t = lane_id % 4;
+    for (int m = 0; m < MT; ++m) {
+      for (int n = 0; n < NT; ++n) {
+        for (int i = 0; i < 4; ++i) {
+          const int row = g + 8 * (i / 2), column = 2 * t + i % 2;
+          float terms[3] = {};  // the three mma's: small x big, big x small, big x big
+          for (int k = 0; k < 8; ++k) {
+            const Tf32Split p = SplitTf32(x.a[row % 8 * 4 + k % 4][m * 4 + row / 8 + 2 * (k / 4)]);
+            const Tf32Split q = SplitTf32(x.b[column * 4 + k % 4][n * 2 + k / 4]);
+            terms[0] += AsTf32(p.small) * AsTf32(q.big);
+            terms[1] += AsTf32(p.big) * AsTf32(q.small);
+            terms[2] += AsTf32(p.big) * AsTf32(q.big);
+          }
+          for (float term : terms) acc[m][n][i] += term;
+        }
+      }
+    }
+    x.barrier.arrive_and_wait();  // every lane has read the fragments before any writes again
+  }
 };
 
 // Runs body(block, thread, shared) for every thread of `blocks` blocks at once, each block with
 // its own shared memory (filled with NaN: what the kernels read must have been written).
 template <typename Body>
 void Launch(int64_t blocks, int64_t shared_bytes, Body body) {
+  constexpr int kWarps = kGridThreads / 32;
   std::vector<std::unique_ptr<std::barrier<>>> barriers;
+  std::vector<std::unique_ptr<WarpExchange[]>> warps;
   std::vector<std::vector<float>> shared(blocks);
   for (int64_t b = 0; b < blocks; ++b) {
     barriers.push_back(std::make_unique<std::barrier<>>(kGridThreads));
+    warps.push_back(std::make_unique<WarpExchange[]>(kWarps));
     shared[b].assign(shared_bytes / sizeof(float), std::nanf(""));
   }
   std::vector<std::thread> threads;
@@ -63,6 +111,8 @@ void Launch(int64_t blocks, int64_t shared_bytes, Body body) {
     for (int t = 0; t < kGridThreads; ++t) {
       threads.emplace_back([&, b, t] {
         block_barrier = barriers[b].get();
+        warp_exchange = &warps[b][t / 32];
+        lane_id = t % 32;
         body(static_cast<int>(b), t, shared[b].data());
       });
     }
@@ -74,12 +124,13 @@ struct Case {
   Config c;
   Dims d;
   GridTileShape tile;
-  bool mask, lengths;
+  bool tensor_cores, mask, lengths;
 
   std::string Name() const {
     return "T=" + std::to_string(d.T) + " N=" + std::to_string(d.N) + " H=" +
            std::to_string(d.H) + " D=" + std::to_string(d.D) + " tile " +
-           std::to_string(tile.rows) + "x" + std::to_string(tile.units) + " act " +
+           std::to_string(tile.rows) + "x" + std::to_string(tile.units) +
+           (tensor_cores ? " tensor cores" : "") + " act " +
            std::to_string(static_cast<int>(c.activation)) + (c.reverse ? " reverse" : "") +
            (c.has_init_state ? " h0" : "") + (mask ? " mask" : "") + (lengths ? " lengths" : "");
   }
@@ -171,6 +222,16 @@ void Compare(const Got& got, const std::vector<double>& want, const std::string&
   Check(worst < 2e-5, what + ": worst relative error " + std::to_string(worst));
 }
 
+// DispatchGridTile for the case's tile and products.
+template <typename F>
+void DispatchCaseTile(const Case& k, F&& f) {
+  if (k.tensor_cores) {
+    DispatchGridTile<true>(k.tile, f);
+  } else {
+    DispatchGridTile(k.tile, f);
+  }
+}
+
 template <Activation A>
 void Run(const Case& k, std::mt19937& rng) {
   const Dims& d = k.d;
@@ -212,7 +273,7 @@ void Run(const Case& k, std::mt19937& rng) {
   const ForwardArgs<float> forward{in.x.data(), in.R.data(),
                                    k.c.has_init_state ? in.h0.data() : nullptr, mask, lengths,
                                    y.data(), z.data()};
-  DispatchGridTile(k.tile, [&]<typename Tile>() {
+  DispatchCaseTile(k, [&]<typename Tile>() {
     run_directions([&](const GridGeometry& g, float* states, uint32_t* counters, int block,
                        int thread, float* shared) {
       GridForwardSteps<A, Tile, HostMachine>(k.c, g, forward, states, counters, block, thread,
@@ -228,7 +289,7 @@ void Run(const Case& k, std::mt19937& rng) {
   std::vector<float> d_source(d.T * d.N * DH, std::nanf("")), dh0(d.N * DH, std::nanf(""));
   const GradientArgs<float> gradients{in.R.data(), in.dy.data(), z_given.data(), mask, lengths,
                                       d_source.data(), dh0.data()};
-  DispatchGridTile(k.tile, [&]<typename Tile>() {
+  DispatchCaseTile(k, [&]<typename Tile>() {
     run_directions([&](const GridGeometry& g, float* states, uint32_t* counters, int block,
                        int thread, float* shared) {
       GridGradientSteps<A, Tile, HostMachine>(k.c, g, gradients, states, counters, block,
@@ -242,7 +303,8 @@ void Run(const Case& k, std::mt19937& rng) {
 }
 
 // Sizes that leave partial row tiles, unit tiles and chunks, more chunks than stages (H = 300),
-// one row, and each tile shape; per size, flags from plain to every option.
+// one row, and each tile shape, with the products on the FMA lanes and on the tensor cores; per
+// size, flags from plain to every option.
 void StepLoopsMatchTheSpec() {
   struct Size {
     int64_t T, N, H;
@@ -253,19 +315,22 @@ void StepLoopsMatchTheSpec() {
                         {4, 40, 50, {32, 32}}};
   std::mt19937 rng(7);
   int variant = 0;
-  for (const Size& s : sizes) {
-    for (int flags = 0; flags < 4; ++flags, ++variant) {
-      Config c{};
-      c.activation = static_cast<Activation>(variant % kActivationCount);
-      c.bidirectional = flags >= 2;
-      c.reverse = flags == 1;
-      c.training = true;
-      c.has_init_state = flags != 3;
-      const bool masked = flags % 2 == 1, lengths = flags >= 1;
-      c.has_mask = masked;
-      c.has_seq_lengths = lengths;
-      const Case k{c, Dims{s.T, s.N, s.H, s.H, c.directions()}, s.tile, masked, lengths};
-      DispatchActivation(c.activation, [&]<Activation A>() { Run<A>(k, rng); });
+  for (const bool tensor_cores : {false, true}) {
+    for (const Size& s : sizes) {
+      for (int flags = 0; flags < 4; ++flags, ++variant) {
+        Config c{};
+        c.activation = static_cast<Activation>(variant % kActivationCount);
+        c.bidirectional = flags >= 2;
+        c.reverse = flags == 1;
+        c.training = true;
+        c.has_init_state = flags != 3;
+        const bool masked = flags % 2 == 1, lengths = flags >= 1;
+        c.has_mask = masked;
+        c.has_seq_lengths = lengths;
+        const Case k{c, Dims{s.T, s.N, s.H, s.H, c.directions()}, s.tile, tensor_cores, masked,
+                     lengths};
+        DispatchActivation(c.activation, [&]<Activation A>() { Run<A>(k, rng); });
+      }
     }
   }
 }
@@ -317,6 +382,113 @@ void SumsOfEveryTileMeetEachBankOnce() {
   }
 }
 
+// Whether the lanes' indices of 4-byte words (or of 8-byte words, halved) meet each bank once.
+bool EachBankOnce(std::vector<int> banks) {
+  std::sort(banks.begin(), banks.end());
+  return std::adjacent_find(banks.begin(), banks.end()) == banks.end();
+}
+
+// The tensor-core tiles' shared-memory accesses meet each bank once: a warp's loads of A's
+// fragments from a chunk (rows kStride apart) and of B's from R_units, a 4-byte word a lane;
+// its 8-byte stores of the parts' sums, 16 lanes a phase; the owners' loads of the sums. And
+// Swizzled permutes each line's units.
+template <typename Tile>
+void TensorTileMeetsEachBankOnce(const std::string& name) {
+  bool a_once = true, b_once = true, stores_once = true, loads_once = true, permutes = true;
+  for (int part = 0; part < Tile::KS; ++part) {
+    const int entry0 = 3 * Tile::KC + part * Tile::kPartEntries;  // any chunk
+    for (int i = 0; i < 4; ++i) {
+      for (int m = 0; m < Tile::MT; ++m) {
+        std::vector<int> banks;
+        for (int lane = 0; lane < 32; ++lane) {
+          const int row = m * 16 + lane / 4 + 8 * (i % 2);
+          const int entry = part * Tile::kPartEntries + lane % 4 + 4 * (i / 2);
+          banks.push_back((row * Tile::kStride + entry) % 32);
+        }
+        a_once &= EachBankOnce(banks);
+      }
+      for (int n = 0; n < Tile::NT && i < 2; ++n) {
+        std::vector<int> banks;
+        for (int lane = 0; lane < 32; ++lane) {
+          banks.push_back(Tile::Swizzled(entry0 + lane % 4 + 4 * i, n * 8 + lane / 4) % 32);
+        }
+        b_once &= EachBankOnce(banks);
+      }
+    }
+    for (int m = 0; m < Tile::MT; ++m) {
+      for (int n = 0; n < Tile::NT; ++n) {
+        for (int half = 0; half < 2; ++half) {
+          for (int phase = 0; phase < 2; ++phase) {
+            std::vector<int> pairs;
+            for (int lane = phase * 16; lane < phase * 16 + 16; ++lane) {
+              const int row = m * 16 + lane / 4 + 8 * half, unit = n * 8 + 2 * (lane % 4);
+              pairs.push_back(Tile::SumIndex(row, unit) / 2 % 16);
+            }
+            stores_once &= EachBankOnce(pairs);
+          }
+        }
+      }
+    }
+  }
+  for (int warp = 0; warp < Tile::kThreads / 32; ++warp) {
+    for (int e = 0; e < Tile::kOutputs; ++e) {
+      std::vector<int> banks;
+      for (int lane = 0; lane < 32; ++lane) {
+        const int v = warp * 32 + lane + e * Tile::kThreads;
+        banks.push_back(Tile::SumIndex(v / Tile::BN, v % Tile::BN) % 32);
+      }
+      loads_once &= EachBankOnce(banks);
+    }
+  }
+  for (int line = 0; line < 16; ++line) {
+    std::vector<int> at;
+    for (int u = 0; u < Tile::BN; ++u) at.push_back(Tile::Swizzled(line, u) - line * Tile::BN);
+    std::sort(at.begin(), at.end());
+    for (int u = 0; u < Tile::BN; ++u) permutes &= at[u] == u;
+    permutes &= Tile::Swizzled(line + 4, 5 % Tile::BN) == Tile::Swizzled(line, 5 % Tile::BN) +
+                                                          4 * Tile::BN;
+  }
+  Check(a_once, name + ": A's fragments meet each bank once");
+  Check(b_once, name + ": B's fragments meet each bank once");
+  Check(stores_once, name + ": the sums' stores meet each bank once a phase");
+  Check(loads_once, name + ": the sums' loads meet each bank once a warp");
+  Check(permutes, name + ": Swizzled permutes each line's units, repeating every 4 lines");
+}
+
+void TensorTilesMeetEachBankOnce() {
+  for (const GridTileShape& tile : kGridTiles) {
+    DispatchGridTile<true>(tile, [&]<typename Tile>() {
+      TensorTileMeetsEachBankOnce<Tile>(std::to_string(tile.rows) + " x " +
+                                        std::to_string(tile.units) + " (tensor cores)");
+    });
+  }
+}
+
+// SplitTf32: big is tf32 and big + small is x; what the tensor cores read of small (its top 19
+// bits) leaves under 2^-22 |x|; infinities are all big, NaN stays in small.
+void SplitsAreTf32() {
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> significand(1.0f, 2.0f);
+  bool tf32 = true, exact = true, close = true;
+  for (int i = 0; i < 100000; ++i) {
+    const float x = std::ldexp(significand(rng), static_cast<int>(rng() % 60) - 30) *
+                    (rng() % 2 ? 1.0f : -1.0f);
+    const Tf32Split s = SplitTf32(x);
+    tf32 &= (std::bit_cast<uint32_t>(s.big) & 0x1fffu) == 0;
+    exact &= s.big + s.small == x;
+    close &= std::abs(static_cast<double>(x) - s.big - AsTf32(s.small)) <=
+             std::ldexp(std::abs(x), -22);
+  }
+  Check(tf32, "SplitTf32: big is tf32");
+  Check(exact, "SplitTf32: big + small is x");
+  Check(close, "SplitTf32: big and small's tf32 within 2^-22 |x| of x");
+  const Tf32Split inf = SplitTf32(-INFINITY);
+  Check(inf.big == -INFINITY && inf.small == 0.0f, "SplitTf32: an infinity is all big");
+  for (const uint32_t bits : {0x7fffffffu, 0x7fc00000u, 0xffffffffu}) {
+    Check(std::isnan(SplitTf32(std::bit_cast<float>(bits)).small), "SplitTf32: NaN in small");
+  }
+}
+
 // The plan: the first tile whose blocks all fit the device at once, float32 only.
 void GridPlans() {
   const auto plan = [](int64_t H, int64_t N, int64_t bytes = 4) {
@@ -348,6 +520,8 @@ void GridPlans() {
 int main() {
   GridPlans();
   SumsOfEveryTileMeetEachBankOnce();
+  TensorTilesMeetEachBankOnce();
+  SplitsAreTf32();
   StepLoopsMatchTheSpec();
   return unit_test::Report();
 }
