@@ -20,7 +20,7 @@ UNITS = {
     "isa_detect": ("tests/cpp/test_isa_detect.cc",),
 }
 # The grid kernels' emulation runs a host thread per GPU thread; under ThreadSanitizer it also
-# shows that their barriers and counters order every access of the step loop (10-12 minutes).
+# shows that their barriers and counters order every access of the step loop (about 6 minutes).
 FLAGS = {"grid_steps": ("-O2", "-pthread"),
          "grid_steps_tsan": ("-O1", "-pthread", "-fsanitize=thread")}
 
