@@ -358,22 +358,37 @@ def test_lowering_for_cuda_emits_the_custom_calls_that_pay(rng, N, H, fwd_call, 
     assert ("stablehlo.while" in tangent) != fwd_call
 
 
-@requires_cuda_build
-@pytest.mark.parametrize("N,grid,runs", [(256, None, True), (96, None, True), (95, None, False),
-                                         (256, "0", False), (32, "1", True), (31, "1", False)])
-def test_lowering_for_cuda_takes_the_grid_kernels_where_they_pay_or_are_asked_for(N, grid, runs):
-    """(LOOP_T,N,1024,1024) lowered for cuda (no GPU needed): by default the handler's calls (the
-    grid kernels) from 96 rows and the decomposition below; none with SGRNN_CUDA_GRID=0; from 32
-    rows with SGRNN_CUDA_GRID=1 (read once, so asked in a child process)."""
+def _lower_for_cuda_in_child(N: int, grid: Optional[str]) -> subprocess.CompletedProcess:
+    """(LOOP_T,N,1024,1024) lowered for cuda (no GPU needed) in a child process, whose stdout is
+    the program's text: SGRNN_CUDA_GRID is read once a process."""
     code = ("import jax, jax.numpy as jnp, jax_sgrnn\n"
             f"x = jax.ShapeDtypeStruct(({LOOP_T}, {N}, 1024), jnp.float32)\n"
             "R = jax.ShapeDtypeStruct((1024, 1024), jnp.float32)\n"
             "f = lambda x, R: jax_sgrnn.single_gate_rnn(x, R, activation='tanh')\n"
             "print(jax.jit(f).trace(x, R).lower(lowering_platforms=('cuda',)).as_text())\n")
-    run = _child("-c", code, grid=grid)
+    return _child("-c", code, grid=grid)
+
+
+@requires_cuda_build
+@pytest.mark.parametrize("N,grid,runs", [(256, None, True), (96, None, True), (95, None, False),
+                                         (256, "0", False), (32, "1", True), (31, "1", False)])
+def test_lowering_for_cuda_takes_the_grid_kernels_where_they_pay_or_are_asked_for(N, grid, runs):
+    """By default the handler's calls (the grid kernels) from 96 rows and the decomposition
+    below; none with SGRNN_CUDA_GRID=0; from 32 rows with SGRNN_CUDA_GRID=1."""
+    run = _lower_for_cuda_in_child(N, grid)
     assert run.returncode == 0, run.stderr[-3000:]
     assert ("jax_sgrnn_cuda_forward" in run.stdout) == runs
     assert ("stablehlo.while" in run.stdout) != runs
+
+
+@requires_cuda_build
+@pytest.mark.parametrize("grid", ["2", "yes", " 1"])
+def test_lowering_for_cuda_refuses_other_grid_settings(grid):
+    """Any SGRNN_CUDA_GRID but unset, 0 or 1 is a ValueError naming it, not the default."""
+    run = _lower_for_cuda_in_child(256, grid)
+    assert run.returncode != 0
+    assert f"ValueError: SGRNN_CUDA_GRID is '{grid}'; it must be unset, 0" in run.stderr, \
+        run.stderr[-3000:]
 
 
 @requires_cuda_build

@@ -98,8 +98,10 @@ ffi::Error PlanFor(const Dims& d, int64_t element_bytes, CallPlan* out) {
                            "T*N*D*H = " + std::to_string(d.T * d.N * d.D * d.H) +
                            " does not fit (the lowering uses the lax.scan decomposition for it)");
   }
-  if (ChoosePath(d.T, d.H, d.N, d.D, element_bytes, limits, RequestedGridUse()) ==
-      CudaPath::kGrid) {
+  std::string why;
+  const std::optional<GridUse> grid = RequestedGridUse(&why);
+  if (!grid) return InvalidArgument(why);
+  if (ChoosePath(d.T, d.H, d.N, d.D, element_bytes, limits, *grid) == CudaPath::kGrid) {
     out->path = CudaPath::kGrid;
     out->grid =
         *PlanGrid(d.H, d.N, element_bytes, limits.multiprocessors, limits.shared_bytes);
@@ -263,13 +265,13 @@ DeviceLimits LoweringDeviceLimits() {
   return smallest;
 }
 
-GridUse RequestedGridUse() {
-  static const GridUse use = [] {
-    const char* value = std::getenv("SGRNN_CUDA_GRID");
-    const std::string_view asked = value != nullptr ? value : "";
-    if (asked == "0") return GridUse::kNever;
-    return asked == "1" ? GridUse::kWhereFits : GridUse::kWherePaid;
-  }();
+std::optional<GridUse> RequestedGridUse(std::string* why) {
+  static const char* const value = std::getenv("SGRNN_CUDA_GRID");
+  static const std::optional<GridUse> use = ParseGridUse(value != nullptr ? value : "");
+  if (!use && why != nullptr) {
+    *why = "SGRNN_CUDA_GRID is '" + std::string(value) +
+           "'; it must be unset, 0 (never the grid kernels) or 1 (wherever they fit)";
+  }
   return use;
 }
 

@@ -3,6 +3,9 @@
 // imports without a GPU or driver (the CUDA runtime is linked statically and loads the driver on first
 // use), so programs can be lowered for cuda anywhere the package was built with nvcc.
 #include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
 
 #include "cuda/recurrence.h"
 #include "cuda/recurrence_plan.h"
@@ -17,8 +20,10 @@ PYBIND11_MODULE(_sgrnn_cuda, m) {
   m.def(
       "runs_on_chip",
       [](int64_t steps, int64_t hidden, int64_t batch, int64_t directions, int64_t itemsize) {
-        return sgrnn::cuda::RunsOnChip(steps, hidden, batch, directions, itemsize,
-                                       sgrnn::cuda::RequestedGridUse(),
+        std::string why;
+        const std::optional<sgrnn::cuda::GridUse> grid = sgrnn::cuda::RequestedGridUse(&why);
+        if (!grid) throw std::invalid_argument(why);  // ValueError at trace time
+        return sgrnn::cuda::RunsOnChip(steps, hidden, batch, directions, itemsize, *grid,
                                        sgrnn::cuda::LoweringDeviceLimits());
       },
       pybind11::arg("steps"), pybind11::arg("hidden"), pybind11::arg("batch"),

@@ -7,6 +7,8 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <optional>
+#include <string>
 
 #include "cuda/recurrence_args.h"
 #include "cuda/recurrence_plan.h"
@@ -24,8 +26,9 @@ cudaError_t LaunchGradients(const Config& c, const Dims& d, const RecurrencePlan
                             const GradientArgs<T>& args, cudaStream_t stream);
 
 // Where the grid kernels run (recurrence_plan.h, GridUse): SGRNN_CUDA_GRID=0 or 1 in the
-// environment when the extension first asks (ffi_cuda.cc), else the default.
-GridUse RequestedGridUse();
+// environment when the extension first asks (ffi_cuda.cc), else the default; nullopt, with
+// `why` set, where the variable holds any other value.
+std::optional<GridUse> RequestedGridUse(std::string* why);
 
 // The limits the lowering plans with (recurrence_plan.h, RunsOnChip): the smallest of the
 // visible GPUs', asked once, or kTypicalDevice where none is visible.

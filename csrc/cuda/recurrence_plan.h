@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <string_view>
 
 namespace sgrnn::cuda {
 
@@ -266,6 +267,15 @@ enum class CudaPath { kBlocks, kGrid, kDecomposition };
 // (docs/performance.md, "NVIDIA H100"), they win both ways from 96 rows; below, their
 // forward+backward is slower.
 enum class GridUse { kNever, kWherePaid, kWhereFits };
+
+// SGRNN_CUDA_GRID's value: unset or empty is the default, "0" never, "1" wherever they fit;
+// nullopt for anything else, which the extension reports rather than read as the default.
+inline std::optional<GridUse> ParseGridUse(std::string_view value) {
+  if (value.empty()) return GridUse::kWherePaid;
+  if (value == "0") return GridUse::kNever;
+  if (value == "1") return GridUse::kWhereFits;
+  return std::nullopt;
+}
 inline constexpr int64_t kGridMinRows = 32;
 inline constexpr int64_t kGridPaysRows = 96;
 

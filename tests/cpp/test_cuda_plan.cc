@@ -156,6 +156,13 @@ void PreferenceFollowsRowsPerMultiprocessor() {
   Check(!RunsOnChip(50, 64, 3000, 1, 4), "(50,3000,64,64) by scan (R fits the block kernels)");
   Check(!RunsOnChip(100, 1024, 256, 1, 4, never) && !RunsOnChip(50, 1024, 32, 1, 4, never),
         "SGRNN_CUDA_GRID=0: the grid kernels never");
+  // SGRNN_CUDA_GRID's values: any but these is an error, not the default.
+  Check(ParseGridUse("") == GridUse::kWherePaid && ParseGridUse("0") == never &&
+            ParseGridUse("1") == fits,
+        "SGRNN_CUDA_GRID unset or empty, 0, 1");
+  for (const char* value : {"2", "yes", "true", " 1", "1 ", "01", "-1"}) {
+    Check(!ParseGridUse(value), std::string("SGRNN_CUDA_GRID=") + value + " refused");
+  }
   // A GPU smaller than the typical one (the lowering asks with the visible GPUs' limits).
   const DeviceLimits pcie{114, 227 * 1024}, little_shared{132, 1024};
   Check(!RunsOnChip(100, 1024, 256, 1, 4, fits, pcie),
