@@ -267,6 +267,8 @@ enum class CudaPath { kBlocks, kGrid, kDecomposition };
 // (docs/performance.md, "NVIDIA H100"), they win both ways from 96 rows; below, their
 // forward+backward is slower.
 enum class GridUse { kNever, kWherePaid, kWhereFits };
+inline constexpr int64_t kGridMinRows = 32;
+inline constexpr int64_t kGridPaysRows = 96;
 
 // SGRNN_CUDA_GRID's value: unset or empty is the default, "0" never, "1" wherever they fit;
 // nullopt for anything else, which the extension reports rather than read as the default.
@@ -276,8 +278,6 @@ inline std::optional<GridUse> ParseGridUse(std::string_view value) {
   if (value == "1") return GridUse::kWhereFits;
   return std::nullopt;
 }
-inline constexpr int64_t kGridMinRows = 32;
-inline constexpr int64_t kGridPaysRows = 96;
 
 inline CudaPath ChoosePath(int64_t T, int64_t H, int64_t N, int64_t D, int64_t element_bytes,
                            const DeviceLimits& device, GridUse grid) {
