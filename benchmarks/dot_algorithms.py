@@ -3,19 +3,25 @@
 The lowering applies the input weight and computes dx, dW and dR with XLA's products at
 ``Precision.HIGHEST`` (float32 on the FMA lanes). This times each product shape of the
 benchmark's large rows alone under each of ``lax.DotAlgorithmPreset``'s float32 algorithms
-(median of 7 runs of 20 jitted calls back to back, one wait at the end) and prints its error
+(runs of 20 jitted calls back to back and one wait, the algorithms of a product interleaved
+by bench_cpu.py's ``interleaved_stats``, as bench_gpu.py times its contenders; the median
+run) and prints its error
 against the same product in float64: the relative norm, and the largest error over the sum
 of |a||b| of its entry (docs/performance.md, "Tried and not kept"). Needs an NVIDIA GPU.
 
     python benchmarks/dot_algorithms.py
 """
 
-import time
+import pathlib
+import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from bench_cpu import interleaved_stats  # noqa: E402  (the benchmarks' timing rule)
 
 jax.config.update("jax_enable_x64", True)
 
@@ -38,16 +44,17 @@ PRODUCTS = [
 ]
 
 
-def median_ms(f, *args, repeats: int = 7, calls: int = 20) -> float:
-    f(*args).block_until_ready()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
-            out = f(*args)
+CALLS = 20  # back to back in each timed run
+RUNS = 7
+
+
+def back_to_back(product, a, b):
+    """CALLS calls of ``product`` and one wait for the last."""
+    def run():
+        for _ in range(CALLS):
+            out = product(a, b)
         out.block_until_ready()
-        times.append((time.perf_counter() - start) / calls)
-    return float(np.median(times)) * 1e3
+    return run
 
 
 def main() -> None:
@@ -59,17 +66,21 @@ def main() -> None:
         exact = jnp.einsum(spec, a64, b64, precision=lax.Precision.HIGHEST)
         scale = jnp.einsum(spec, jnp.abs(a64), jnp.abs(b64), precision=lax.Precision.HIGHEST)
         flops = 2 * np.prod(a_shape) * (b_shape[0] if spec.startswith("mi,hi") else b_shape[1])
+        runs, errors = {}, {}
         for label, algorithm in ALGORITHMS.items():
             product = jax.jit(lambda a, b, algorithm=algorithm: jnp.einsum(
                 spec, a, b, precision=algorithm, preferred_element_type=jnp.float32))
             try:
-                error = product(a, b).astype(jnp.float64) - exact
+                errors[label] = product(a, b).astype(jnp.float64) - exact
             except Exception as err:  # an algorithm this XLA or GPU does not run
                 print(f"{name:34s} {label:8s} not run: {str(err).splitlines()[0][:100]}")
                 continue
+            runs[label] = back_to_back(product, a, b)
+        stats = interleaved_stats(runs, RUNS, warmup=1, min_total=0.0, pause=0.0)
+        for label, error in errors.items():
             relative = float(jnp.linalg.norm(error) / jnp.linalg.norm(exact))
             largest = float(jnp.max(jnp.abs(error) / scale))
-            ms = median_ms(product, a, b)
+            ms = 1e3 * stats[label]["median"] / CALLS
             print(f"{name:34s} {label:8s} {ms:8.3f} ms {flops / ms / 1e9:6.1f} TFLOP/s  "
                   f"relative norm {relative:.1e}  largest {largest:.1e}")
 
