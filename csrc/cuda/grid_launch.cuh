@@ -22,10 +22,32 @@ struct GpuMachine {
                  "l"(from)
                  : "memory");
   }
-  static __device__ void Commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-  template <int kPending>
-  static __device__ void Wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+  // The chunk ring's mbarriers (grid_steps.h's StepProducts), in the block's shared memory.
+  static __device__ unsigned SharedAddress(const void* p) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(p));
+  }
+  static __device__ void InitBarrier(uint64_t* bar, int count) {
+    asm volatile("mbarrier.init.shared.b64 [%0], %1;\n" ::"r"(SharedAddress(bar)), "r"(count)
+                 : "memory");
+  }
+  // .noinc: the arrival is one of the `count` the phase expects (one a thread).
+  static __device__ void ArriveOnCopies(uint64_t* bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];\n" ::"r"(SharedAddress(bar))
+                 : "memory");
+  }
+  static __device__ void Release(uint64_t* bar) {
+    asm volatile("mbarrier.arrive.shared.b64 _, [%0];\n" ::"r"(SharedAddress(bar)) : "memory");
+  }
+  static __device__ void WaitPhase(uint64_t* bar, uint32_t parity) {
+    asm volatile(
+        "{\n"
+        ".reg .pred done;\n"
+        "WAIT:\n"
+        "mbarrier.try_wait.parity.shared.b64 done, [%0], %1;\n"
+        "@!done bra WAIT;\n"
+        "}\n" ::"r"(SharedAddress(bar)),
+        "r"(parity)
+        : "memory");
   }
   // Cooperative groups' grid barrier, for one counter: the fence orders the block's stores,
   // which the barrier before made visible to this thread, before the count.

@@ -5,20 +5,23 @@
 // x BN hidden units for every step and keeps those units' R in shared memory, entry-major
 // (forward: rows j of R; backward: columns j). A step multiplies the previous state (forward:
 // h_{k-1} m_k; backward: dz_k) of the block's rows by them: the state streams from a buffer in
-// global memory (L2) in chunks of kGridChunk entries, kGridStages in flight, and the threads
-// split each chunk's entries into KS parts, each part's threads a TM x TN register tile of the
-// block's outputs, summed through shared memory at the step's end. Then the thread that owns
-// each output applies the step's rule (as recurrence.cu's owners do), stores the results, and
-// writes the next state into the other of two state buffers. The blocks of a row tile hand
-// over: each counts itself in the row tile's counter, and none reads the next state before all
-// have counted.
+// global memory (L2) in chunks of kGridChunk entries, through a ring of kGridStages buffers,
+// and the threads split each chunk's entries into KS parts, each part's threads a TM x TN
+// register tile of the block's outputs, summed through shared memory at the step's end. Then
+// the thread that owns each output applies the step's rule (as recurrence.cu's owners do),
+// stores the results, and writes the next state into the other of two state buffers. The
+// blocks of a row tile hand over: each counts itself in the row tile's counter, and none reads
+// the next state before all have counted.
 //
 // The step loop is written against a small interface P, so that it also compiles for the host:
 // grid_launch.cuh gives the GPU's, tests/cpp/test_grid_steps.cc an emulation that
 // runs every GPU thread as a host thread. P has static functions:
 //   Sync()                   the block's barrier
 //   CopyAsync16(to, from)    copies 16 bytes from global to shared memory, asynchronously
-//   Commit(), Wait<n>()      ends a group of copies; waits until at most n groups are pending
+//   InitBarrier(bar, count)  an mbarrier whose phases complete after `count` arrivals
+//   ArriveOnCopies(bar)      arrives on bar once this thread's copies so far have landed
+//   Release(bar)             arrives on bar after this thread's reads so far
+//   WaitPhase(bar, parity)   waits until bar's phase of that parity has completed
 //   Arrive(counter)          adds one to a counter after this block's stores (release)
 //   WaitFor(counter, value)  waits until the counter reaches value (acquire)
 //   WarpMultiplyAdd(acc, a, b)  (tensor-core tiles only) acc += A B for the warp's MT x NT
@@ -188,6 +191,8 @@ struct GridBlock {
   int thread, part, row_group, unit_group;
   float* R_units;  // [Hp][BN]: entry i of the tile's unit u at Tile::RIndex(i, u)
   float* chunks;   // kStages x [BM][kStride]; the parts' sums [KS][BM][BN] at a step's end
+  uint64_t* filled;    // [kStages] mbarriers: the buffer's copies have landed
+  uint64_t* released;  // [kStages] mbarriers: every thread has read the buffer
   int32_t* lengths;  // [BM]
 
   SGRNN_DEVICE GridBlock(const GridGeometry& g, int block, int thread_index, float* shared) {
@@ -200,7 +205,9 @@ struct GridBlock {
     unit_group = thread % Tile::kUnitGroups;
     R_units = shared;
     chunks = R_units + g.padded_hidden * Tile::BN;
-    lengths = reinterpret_cast<int32_t*>(chunks + Tile::kStages * Tile::BM * Tile::kStride);
+    filled = reinterpret_cast<uint64_t*>(chunks + Tile::kStages * Tile::BM * Tile::kStride);
+    released = filled + Tile::kStages;
+    lengths = reinterpret_cast<int32_t*>(released + Tile::kStages);
   }
   // This thread's output e: its row within the tile, and its unit.
   SGRNN_DEVICE int OutputRow(int e) const { return (thread + e * Tile::kThreads) / Tile::BN; }
@@ -225,7 +232,7 @@ SGRNN_DEVICE inline GridOutput OutputOf(const GridBlock<Tile>& blk, const GridGe
 }
 
 // Fills the block's R (its units' rows of R, or with `columns` its columns; zero past H) and
-// its rows' lengths, then meets at the block barrier.
+// its rows' lengths, sets up the chunk buffers' mbarriers, then meets at the block barrier.
 template <typename Tile, typename P>
 SGRNN_DEVICE void LoadBlock(const GridBlock<Tile>& blk, const GridGeometry& g, const float* R,
                             const int32_t* seq_lengths, bool columns) {
@@ -242,6 +249,12 @@ SGRNN_DEVICE void LoadBlock(const GridBlock<Tile>& blk, const GridGeometry& g, c
   for (int b = blk.thread; b < Tile::BM; b += Tile::kThreads) {
     const int n = blk.row0 + b;
     blk.lengths[b] = n < g.N ? static_cast<int32_t>(RowLength(seq_lengths, n, g.T)) : 0;
+  }
+  if (blk.thread == 0) {
+    for (int s = 0; s < Tile::kStages; ++s) {
+      P::InitBarrier(blk.filled + s, Tile::kThreads);
+      P::InitBarrier(blk.released + s, Tile::kThreads);
+    }
   }
   P::Sync();
 }
@@ -310,40 +323,50 @@ SGRNN_UNROLL
 
 // The step's products of the block's tile: sum over i of state[n][i] R_units[i][u] for its rows
 // and units, left with each output's owner in `total`. `state` is the state buffer the step
-// reads; the chunks are free again when this returns (after a block barrier).
+// reads, `step_index` the steps the launch ran before it. The chunk buffers are a ring over all
+// steps' chunks, each with two mbarriers: `filled` completes when every thread's copies into
+// it have landed, `released` when every thread has read it. A chunk's copies are issued
+// kGridChunksAhead chunks before its products, into the buffer read kStages chunks before, so
+// the warps run up to kStages - kGridChunksAhead - 1 chunks apart instead of meeting at a block
+// barrier a chunk (where the two warps of a scheduler waited on their shared-memory loads
+// together, with no FMAs to hide them). The chunks are free again when this returns (after a
+// block barrier); the next step's copies start only after the hand-over, whose barrier follows
+// the reads of the sums.
 template <typename Tile, typename P>
-SGRNN_DEVICE void StepProducts(const GridBlock<Tile>& blk, const GridGeometry& g,
+SGRNN_DEVICE void StepProducts(const GridBlock<Tile>& blk, const GridGeometry& g, int step_index,
                                const float* state, float (&total)[Tile::kOutputs]) {
   constexpr int BM = Tile::BM, BN = Tile::BN, KC = Tile::KC;
-  constexpr int kStages = Tile::kStages, kStride = Tile::kStride;
+  constexpr int kStages = Tile::kStages, kStride = Tile::kStride, kAhead = kGridChunksAhead;
   const int chunks = g.padded_hidden / KC;
+  const int first = step_index * chunks;  // the step's first use of the ring of chunk buffers
   const float* rows = state + blk.row0 * g.padded_hidden;
+  // Copies chunk c into its buffer, once every thread has released the buffer's previous use.
   const auto load = [&](int c) {
-    if (c < chunks) {
-      float* to = blk.chunks + (c % kStages) * BM * kStride;
+    const int use = first + c, s = use % kStages;
+    if (use >= kStages) P::WaitPhase(blk.released + s, (use / kStages - 1) & 1);
+    float* to = blk.chunks + s * BM * kStride;
 SGRNN_UNROLL
-      for (int e = 0; e < Tile::kChunkVectors; ++e) {
-        const int v = blk.thread + e * Tile::kThreads, r = v / (KC / 4), q = v % (KC / 4);
-        P::CopyAsync16(to + r * kStride + q * 4, rows + r * g.padded_hidden + c * KC + q * 4);
-      }
+    for (int e = 0; e < Tile::kChunkVectors; ++e) {
+      const int v = blk.thread + e * Tile::kThreads, r = v / (KC / 4), q = v % (KC / 4);
+      P::CopyAsync16(to + r * kStride + q * 4, rows + r * g.padded_hidden + c * KC + q * 4);
     }
-    P::Commit();  // empty past the last chunk: the count of groups stays uniform
+    P::ArriveOnCopies(blk.filled + s);
   };
-  for (int c = 0; c < kStages - 1; ++c) load(c);
+  for (int c = 0; c < kAhead && c < chunks; ++c) load(c);
   typename Tile::Accumulators acc{};
   for (int c = 0; c < chunks; ++c) {
-    P::template Wait<kStages - 2>();  // chunk c is in (this thread's copies) ...
-    P::Sync();  // ... and everyone's; chunk c - 1's buffer, which c + kStages - 1 takes, is read
-    load(c + kStages - 1);
-    const float* h = blk.chunks + (c % kStages) * BM * kStride + blk.part * Tile::kPartEntries;
+    if (c + kAhead < chunks) load(c + kAhead);
+    const int use = first + c, s = use % kStages;
+    P::WaitPhase(blk.filled + s, (use / kStages) & 1);  // every thread's copies of chunk c
+    const float* h = blk.chunks + s * BM * kStride + blk.part * Tile::kPartEntries;
     const float* w = blk.R_units + (c * KC + blk.part * Tile::kPartEntries) * BN;
     if constexpr (Tile::kTensorCores) {
       ChunkOnTensorCores<Tile, P>(blk, h, w, acc.v);
     } else {
       ChunkOnFmaLanes<Tile>(blk, h, w, acc.v);
     }
+    P::Release(blk.released + s);
   }
-  P::template Wait<0>();
   P::Sync();  // every part is done with the chunks, which now take the parts' sums
   float* sums = blk.chunks + blk.part * BM * BN;
   if constexpr (Tile::kTensorCores) {  // the m16n8k8 tiles' C fragments, 2 units at a time
@@ -430,7 +453,7 @@ SGRNN_UNROLL
       mask_next[e] = o.live && k + 1 < g.T ? MaskAt(a.mask, k + 1, o.n, o.column) : 1.0f;
     }
     float total[Tile::kOutputs];
-    StepProducts<Tile, P>(blk, g, states + (k & 1) * g.state, total);
+    StepProducts<Tile, P>(blk, g, k, states + (k & 1) * g.state, total);
     float* next = states + ((k + 1) & 1) * g.state;
 SGRNN_UNROLL
     for (int e = 0; e < Tile::kOutputs; ++e) {
@@ -488,7 +511,7 @@ SGRNN_UNROLL
       slope[e] = has_previous ? ActivateGrad<A>(a.z[at]) : 0.0f;
     }
     float total[Tile::kOutputs];
-    StepProducts<Tile, P>(blk, g, states + (i & 1) * g.state, total);
+    StepProducts<Tile, P>(blk, g, i, states + (i & 1) * g.state, total);
     float* next = states + ((i + 1) & 1) * g.state;
 SGRNN_UNROLL
     for (int e = 0; e < Tile::kOutputs; ++e) {

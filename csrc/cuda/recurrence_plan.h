@@ -172,11 +172,15 @@ inline std::optional<RecurrencePlan> PlanRecurrence(int64_t H, int64_t N, int64_
 // whose step no block or cluster above holds: one block of kGridThreads threads an SM, all
 // resident at once, each owning a tile of rows x units of one direction for every step. A
 // tile's units' R sits in the block's shared memory, the previous state streams from L2 in
-// chunks of kGridChunk entries (kGridStages in flight), and each thread sums a register tile of
+// chunks of kGridChunk entries through a ring of kGridStages buffers, each chunk's copies
+// issued kGridChunksAhead chunks before its products, and each thread sums a register tile of
 // its outputs over its part of a chunk (grid_steps.h's GridTile).
 inline constexpr int64_t kGridThreads = 256;
 inline constexpr int64_t kGridChunk = 64;
 inline constexpr int64_t kGridStages = 4;
+// Chunks between a chunk's copies and its products; the warps may run kGridStages -
+// kGridChunksAhead - 1 chunks apart (grid_steps.h's StepProducts).
+inline constexpr int kGridChunksAhead = 2;
 // A chunk's rows are padded by one 16-byte vector, so that the rows one warp reads at once
 // fall in different shared-memory banks.
 inline constexpr int64_t kGridChunkStride = kGridChunk + 4;
@@ -208,11 +212,12 @@ struct GridPlan {
 };
 
 // A block's shared memory: R's columns of its units [padded_hidden][units], kGridStages chunk
-// buffers [rows][kGridChunkStride] (at a step's end the threads' partial sums), its rows'
-// lengths.
+// buffers [rows][kGridChunkStride] (at a step's end the threads' partial sums), two mbarriers
+// a buffer, its rows' lengths.
 inline constexpr int64_t GridSharedBytes(int64_t padded_hidden, const GridTileShape& tile) {
   return static_cast<int64_t>(sizeof(float)) *
              (padded_hidden * tile.units + kGridStages * tile.rows * kGridChunkStride) +
+         static_cast<int64_t>(sizeof(uint64_t)) * 2 * kGridStages +
          static_cast<int64_t>(sizeof(int32_t)) * tile.rows;
 }
 

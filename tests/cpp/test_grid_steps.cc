@@ -1,12 +1,13 @@
 // Unit test of csrc/cuda/grid_steps.h, the step loop of the CUDA kernels that spread each step
 // over the whole GPU, on any machine: every GPU thread of a launch runs as a host thread (the
-// block barrier a std::barrier, the async copies plain copies, the row tiles' counters
-// atomics, a warp's mma.sync from PTX's fragment layouts), over a grid of flags, activations,
-// tiles (products on the FMA lanes and on the tensor cores) and sizes that leave partial tiles
-// and chunks, against a double-precision loop of the spec (docs/semantics.md). It checks the
-// kernels' indexing, time order, masks, lengths and hand-over; not the GPU's memory ordering or
-// timing, which need a GPU (tests/test_cuda.py, tests/cpp/cuda_sanitize.cu). Built and run by
-// tests/test_cpp_units.py; prints each failed check and exits non-zero.
+// block barrier a std::barrier, the async copies plain copies, the mbarriers and the row
+// tiles' counters atomics, a warp's mma.sync from PTX's fragment layouts), over a grid of
+// flags, activations, tiles (products on the FMA lanes and on the tensor cores) and sizes that
+// leave partial tiles and chunks, against a double-precision loop of the spec
+// (docs/semantics.md). It checks the kernels' indexing, time order, masks, lengths and
+// hand-over; not the GPU's memory ordering or timing, which need a GPU (tests/test_cuda.py,
+// tests/cpp/cuda_sanitize.cu). Built and run by tests/test_cpp_units.py; prints each failed
+// check and exits non-zero.
 #include "cuda/grid_steps.h"
 
 #include "checks.h"
@@ -50,9 +51,29 @@ float AsTf32(float x) { return std::bit_cast<float>(std::bit_cast<uint32_t>(x) &
 struct HostMachine {
   static void Sync() { block_barrier->arrive_and_wait(); }
   static void CopyAsync16(float* to, const float* from) { std::memcpy(to, from, 16); }
-  static void Commit() {}
-  template <int kPending>
-  static void Wait() {}
+  // An mbarrier as 64 bits: its completed phases (the high 32), the arrivals a phase expects
+  // (bits 16-31) and those still to come (the low 16). Copies land at once, so ArriveOnCopies
+  // arrives at once.
+  static void InitBarrier(uint64_t* bar, int count) {
+    *bar = static_cast<uint64_t>(count) << 16 | static_cast<uint64_t>(count);
+  }
+  static void ArriveOnCopies(uint64_t* bar) { ArriveOn(bar); }
+  static void Release(uint64_t* bar) { ArriveOn(bar); }
+  static void WaitPhase(uint64_t* bar, uint32_t parity) {
+    while ((std::atomic_ref<uint64_t>(*bar).load(std::memory_order_acquire) >> 32 & 1) == parity) {
+      std::this_thread::yield();
+    }
+  }
+  static void ArriveOn(uint64_t* bar) {
+    std::atomic_ref<uint64_t> b(*bar);
+    uint64_t seen = b.load(std::memory_order_relaxed), next;
+    do {
+      const uint64_t count = seen >> 16 & 0xffff, left = (seen & 0xffff) - 1;
+      next = left > 0 ? (seen & ~uint64_t{0xffff}) | left
+                      : ((seen >> 32) + 1) << 32 | count << 16 | count;
+    } while (!b.compare_exchange_weak(seen, next, std::memory_order_acq_rel,
+                                      std::memory_order_relaxed));
+  }
   static void Arrive(uint32_t* counter) {
     std::atomic_ref<uint32_t>(*counter).fetch_add(1, std::memory_order_release);
   }
@@ -511,7 +532,7 @@ void GridPlans() {
   Check(large && large->tile.rows == 64 && large->tile.units == 32 && large->blocks() == 128 &&
             large->padded_hidden == 1024,
         "(N=256, H=1024): 4 x 32 tiles of 64 x 32");
-  Check(large && large->shared_bytes == 4 * (1024 * 32 + 4 * 64 * 68) + 4 * 64,
+  Check(large && large->shared_bytes == 4 * (1024 * 32 + 4 * 64 * 68) + 8 * 2 * 4 + 4 * 64,
         "(N=256, H=1024): shared memory");
   const std::optional<GridPlan> wide = plan(2048, 64);
   Check(wide && wide->tile.rows == 64 && wide->tile.units == 16 && wide->blocks() == 128,
