@@ -35,6 +35,9 @@ struct GpuMachine {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];\n" ::"r"(SharedAddress(bar))
                  : "memory");
   }
+  // Every thread arrives after its own reads: one lane a warp arriving after `__syncwarp`
+  // does not order the other lanes' reads before the arrival (racecheck saw the buffer's next
+  // copies overlap them).
   static __device__ void Release(uint64_t* bar) {
     asm volatile("mbarrier.arrive.shared.b64 _, [%0];\n" ::"r"(SharedAddress(bar)) : "memory");
   }
