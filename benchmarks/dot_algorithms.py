@@ -6,7 +6,8 @@ benchmark's large rows alone under each of ``lax.DotAlgorithmPreset``'s float32 
 (runs of 20 jitted calls back to back and one wait, the algorithms of a product interleaved
 by bench_cpu.py's ``interleaved_stats``, as bench_gpu.py times its contenders; the median
 run) and prints its error against the same product in float64: the relative norm, and the
-largest error over the sum of |a||b| of its entry (docs/performance.md, "Tried and not kept"). Needs an NVIDIA GPU.
+largest error over the sum of |a||b| of its entry (docs/performance.md, "Tried and not kept").
+Needs an NVIDIA GPU.
 
     python benchmarks/dot_algorithms.py
 """

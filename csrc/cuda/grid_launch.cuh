@@ -15,17 +15,15 @@ namespace sgrnn::cuda {
 
 struct GpuMachine {
   static __device__ void Sync() { __syncthreads(); }
-  // Through L2 only (.cg): the state was written by other SMs, whose stores L1 does not see.
-  static __device__ void CopyAsync16(float* to, const float* from) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
-                     static_cast<unsigned>(__cvta_generic_to_shared(to))),
-                 "l"(from)
-                 : "memory");
-  }
-  // The chunk ring's mbarriers (grid_steps.h's StepProducts), in the block's shared memory.
   static __device__ unsigned SharedAddress(const void* p) {
     return static_cast<unsigned>(__cvta_generic_to_shared(p));
   }
+  // Through L2 only (.cg): the state was written by other SMs, whose stores L1 does not see.
+  static __device__ void CopyAsync16(float* to, const float* from) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(SharedAddress(to)), "l"(from)
+                 : "memory");
+  }
+  // The chunk ring's mbarriers (grid_steps.h's StepProducts), in the block's shared memory.
   static __device__ void InitBarrier(uint64_t* bar, int count) {
     asm volatile("mbarrier.init.shared.b64 [%0], %1;\n" ::"r"(SharedAddress(bar)), "r"(count)
                  : "memory");
