@@ -55,11 +55,12 @@ TENSOR_CORE_PRODUCT_ROWS: Optional[int] = None
 
 
 def _tf32_parts(a):
-    """``a`` as ``(high, low)``, ``a = high + low``: ``high`` rounded to the nearest tf32 value
-    (float32's exponent, 10 bits of mantissa), ``low`` the float32 rest; where ``a`` is not
-    finite, ``high`` is ``a`` and ``low`` 0. Also ``high`` with those entries 0, for the
-    products with the other operand's low part (an infinity there would meet a rest of either
-    sign, or 0, and give NaN where the product at full precision is infinite)."""
+    """``a`` as ``(high, low, high_finite)``, ``a = high + low``: ``high`` rounded to the nearest
+    tf32 value (float32's exponent, 10 bits of mantissa), ``low`` the float32 rest; where ``a``
+    is not finite, ``high`` is ``a`` and ``low`` 0. ``high_finite`` is ``high`` with those
+    entries 0, for the products with the other operand's low part (an infinity there would
+    meet a rest of either sign, or 0, and give NaN where the product at full precision is
+    infinite)."""
     high = lax.reduce_precision(a, exponent_bits=8, mantissa_bits=10)
     finite = jnp.isfinite(high)
     zero = jnp.zeros_like(a)

@@ -305,7 +305,6 @@ def test_float32_einsum_from_tf32_products_keeps_float32_accuracy(rng, monkeypat
     truncated (the worst rounding the hardware may apply): its error against float64, relative
     to sum |a||b| entry by entry, stays within float32's rounding over the contraction, as at
     `Precision.HIGHEST`; one tf32 product's is 2^-11."""
-
     monkeypatch.setattr(jax_sgrnn._lowering, "TENSOR_CORE_PRODUCT_ROWS", 1)
     a, b = random_array(rng, a_shape, jnp.float32), random_array(rng, b_shape, jnp.float32)
     got = float32_einsum(spec, a, b, 1, tf32_einsum=_tf32_truncated_einsum)
@@ -320,7 +319,6 @@ def test_float32_einsum_from_tf32_products_keeps_float32_accuracy(rng, monkeypat
 def test_float32_einsum_keeps_infinities_and_nans(rng, monkeypatch):
     """An infinite entry is carried whole by its tf32 part, so the product is infinite (or NaN)
     where one at full precision is, not NaN from inf - inf."""
-
     a = np.array(random_array(rng, (4, 3), jnp.float32))
     b = np.abs(np.asarray(random_array(rng, (3, 2), jnp.float32)))
     a[1, 0], a[2, 1] = np.inf, np.nan
