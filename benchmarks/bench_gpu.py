@@ -30,7 +30,6 @@ program (each fusion, copy, product or custom call is at least one kernel launch
     python benchmarks/bench_gpu.py --sweep --tables float32
     python benchmarks/bench_gpu.py --sweep --sweep-hidden 700 1024 2048   # part of the grid
     python benchmarks/bench_gpu.py --census --shapes 100,32,256,256
-    python benchmarks/bench_gpu.py --tables float32 --tensor-core-product-rows 12800
 """
 
 from __future__ import annotations
@@ -380,13 +379,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--census", action="store_true",
                         help="print what one call of each JAX contender runs, and time nothing")
     parser.add_argument("--json", help="also write the results to this file")
-    parser.add_argument("--tensor-core-product-rows", type=int, metavar="ROWS",
-                        help="run the op's products around its CUDA kernels as 3xTF32 from "
-                             "this many rows (jax_sgrnn._lowering.TENSOR_CORE_PRODUCT_ROWS; "
-                             "default: the package's, off)")
     args = parser.parse_args(argv)
-    if args.tensor_core_product_rows is not None:
-        jax_sgrnn._lowering.TENSOR_CORE_PRODUCT_ROWS = args.tensor_core_product_rows
     if args.sweep_hidden and not args.sweep:
         parser.error("--sweep-hidden needs --sweep")
     try:
@@ -399,8 +392,7 @@ def main(argv=None) -> dict:
     repeats = args.repeats or (5 if args.sweep else 20)
     calls = args.calls or (10 if args.sweep else 50)
     device = jax.devices()[0].device_kind
-    out = dict(device=device, jax=jax.__version__, date=time.strftime("%Y-%m-%d"),
-               tensor_core_product_rows=jax_sgrnn._lowering.TENSOR_CORE_PRODUCT_ROWS)
+    out = dict(device=device, jax=jax.__version__, date=time.strftime("%Y-%m-%d"))
     if args.census:
         set_tf32(False)
         out["census"] = run_census(cases)
@@ -415,8 +407,7 @@ def main(argv=None) -> dict:
         out["versions"] = versions
         print(f"{out['date']}; {device}; jax {jax.__version__}; {versions}; median of >= "
               f"{repeats} runs after warm-up; b2b: {calls} calls back to back, per "
-              f"call; best/op > 1 means the op is faster than both plain scan and cuDNN; "
-              f"3xTF32 products from {out['tensor_core_product_rows']} rows")
+              f"call; best/op > 1 means the op is faster than both plain scan and cuDNN")
         for key in args.tables:
             tf32 = key == "tf32"
             set_tf32(tf32)

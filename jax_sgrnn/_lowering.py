@@ -15,8 +15,6 @@ computes dW, dR, db and dx from the dz its gradient call returns.
 from __future__ import annotations
 
 import functools
-import math
-from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -27,7 +25,7 @@ from jax.interpreters import mlir
 from ._backends import Backend, backend_for_platform, platforms
 from ._primitives import OpConfig, forward_p, forward_reference, gradients_p
 from ._primitives import gradients_reference
-from .reference import recurrent_weight_gradient, sum_over_steps_and_rows
+from .reference import recurrent_weight_gradient
 from ._sharding import partitioned
 from ._spec import OPERANDS, OPTIONAL_NAMES, known_sizes
 
@@ -46,64 +44,10 @@ def _recurrence_only(config: OpConfig) -> OpConfig:
     return config.without("input_weight", "bias")
 
 
-# Rows (the product's M, or its contraction for a weight gradient) from which the CUDA
-# lowering's float32 products around its kernels run on the tensor cores as 3xTF32 rather than
-# at Precision.HIGHEST; None: never. Off until timed on a GPU (docs/performance.md, "Floors":
-# what it should gain); `benchmarks/bench_gpu.py --tensor-core-product-rows` sets it. Read at
-# lowering time.
-TENSOR_CORE_PRODUCT_ROWS: Optional[int] = None
-
-
-def _tf32_parts(a):
-    """``a`` as ``(high, low, high_finite)``, ``a = high + low``: ``high`` rounded to the nearest
-    tf32 value (float32's exponent, 10 bits of mantissa), ``low`` the float32 rest; where ``a``
-    is not finite, ``high`` is ``a`` and ``low`` 0. ``high_finite`` is ``high`` with those
-    entries 0, for the products with the other operand's low part (an infinity there would
-    meet a rest of either sign, or 0, and give NaN where the product at full precision is
-    infinite)."""
-    high = lax.reduce_precision(a, exponent_bits=8, mantissa_bits=10)
-    finite = jnp.isfinite(high)
-    zero = jnp.zeros_like(a)
-    return high, jnp.where(finite, a - high, zero), jnp.where(finite, high, zero)
-
-
-def _tf32_einsum(spec: str, a, b):
-    return jnp.einsum(spec, a, b, precision=lax.DotAlgorithmPreset.TF32_TF32_F32,
-                      preferred_element_type=jnp.float32)
-
-
-def _on_tensor_cores(dtype, rows) -> bool:
-    """Whether a float32 product of ``rows`` rows runs as 3xTF32 (TENSOR_CORE_PRODUCT_ROWS)."""
-    threshold = TENSOR_CORE_PRODUCT_ROWS
-    return (dtype == jnp.float32 and threshold is not None and known_sizes(rows)
-            and rows >= threshold)
-
-
-def float32_einsum(spec: str, a, b, rows, tf32_einsum=_tf32_einsum):
-    """``jnp.einsum(spec, a, b)`` at float32's accuracy: at ``Precision.HIGHEST`` unless
-    :func:`_on_tensor_cores`, and then as ``a_low b_high + a_high b_low + a_high b_high`` over
-    :func:`_tf32_parts` (3xTF32), which the tensor cores run faster than XLA's float32
-    product. The term left out, ``a_low b_low``, is below 2^-22 of ``|a||b|``. The three are
-    one tf32 product (``tf32_einsum``) over the operands' parts side by side along a
-    contracted axis, so that the sum is the product's own float32 accumulation."""
-    if not _on_tensor_cores(a.dtype, rows):
-        return jnp.einsum(spec, a, b, precision=lax.Precision.HIGHEST)
-    terms, out = spec.split("->")
-    a_term, b_term = terms.split(",")
-    contracted = next(c for c in a_term if c in b_term and c not in out and c != ".")
-    a_high, a_low, a_high_finite = _tf32_parts(a)
-    b_high, b_low, b_high_finite = _tf32_parts(b)
-    # Axes counted from the end: a term may start with "...".
-    a_axis = a_term.index(contracted) - len(a_term)
-    b_axis = b_term.index(contracted) - len(b_term)
-    return tf32_einsum(spec, jnp.concatenate([a_low, a_high_finite, a_high], axis=a_axis),
-                       jnp.concatenate([b_high_finite, b_low, b_high], axis=b_axis))
-
-
 def _project(x, W, b):
-    """x W^T + b over the last axis of x (either may be absent), at float32's accuracy."""
+    """x W^T + b over the last axis of x (either may be absent), at full precision."""
     if W is not None:
-        x = float32_einsum("...i,hi->...h", x, W, math.prod(x.shape[:-1]))
+        x = jnp.einsum("...i,hi->...h", x, W, precision=lax.Precision.HIGHEST)
     return x if b is None else x + b
 
 
@@ -167,19 +111,16 @@ def _recurrence_only_gradients(x, R, dy, z, opt: dict, *, config: OpConfig,
     dz, _, _, _, dh0 = jax.ffi.ffi_call(backend.targets["gradients"], results)(
         dy, R.astype(cdt).reshape(D, H, H), dy, z, *_ffi_operands(opt, cdt),
         **_recurrence_only(config).ffi_attributes())
-    rows = G * T * N
-    steps_product = (functools.partial(float32_einsum, rows=T * N)
-                     if _on_tensor_cores(cdt, T * N) else sum_over_steps_and_rows)
-    dR = jax.vmap(functools.partial(recurrent_weight_gradient, descriptor=config.descriptor,
-                                    product=steps_product))(
+    dR = jax.vmap(functools.partial(recurrent_weight_gradient, descriptor=config.descriptor))(
         dz, z, jnp.zeros((G, N, D * H), cdt) if h0 is None else h0,
         None if mask is None else jnp.broadcast_to(mask, (G, T, N, D * H)),
         None if lengths is None else lengths.astype(jnp.int32))
-    grads = [dz if W is None else float32_einsum("gtnh,hi->gtni", dz, W, rows),
+    hi = lax.Precision.HIGHEST
+    grads = [dz if W is None else jnp.einsum("gtnh,hi->gtni", dz, W, precision=hi),
              dR.reshape(G, *R.shape)]
     if W is not None:
-        dz_dw = lax.optimization_barrier(dz) if _products_apart(rows) else dz
-        grads.append(float32_einsum("gtnh,gtni->ghi", dz_dw, x, T * N))
+        dz_dw = lax.optimization_barrier(dz) if _products_apart(G * T * N) else dz
+        grads.append(jnp.einsum("gtnh,gtni->ghi", dz_dw, x, precision=hi))
     if config.has("bias"):
         grads.append(dz.sum(axis=(1, 2)))
     if has_h0:

@@ -8,7 +8,7 @@ also what the op lowers to on platforms without a native handler.
 from __future__ import annotations
 
 import functools
-from typing import Callable, Optional
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -334,18 +334,17 @@ def recurrent_inputs(activation: Activation, z, h0, mask, valid):
     return hm
 
 
-def _direction_weight_gradient(activation: Activation, dz, z, h0, mask, valid,
-                               product=sum_over_steps_and_rows):
+def _direction_weight_gradient(activation: Activation, dz, z, h0, mask, valid):
     """One direction's dR ``[H, H]`` from its dz and z in processing order: the sum over steps
     k of ``dz_k^T (h_{k-1} m_k)``, one product over all steps and rows."""
-    return product("tnh,tnk->hk", dz, recurrent_inputs(activation, z, h0, mask, valid))
+    return sum_over_steps_and_rows("tnh,tnk->hk", dz,
+                                   recurrent_inputs(activation, z, h0, mask, valid))
 
 
 def recurrent_weight_gradient(d_source, z_state, init_state, mask, seq_lengths,
-                              descriptor: SingleGateRNNDescriptor,
-                              product: Callable = sum_over_steps_and_rows):
+                              descriptor: SingleGateRNNDescriptor):
     """dR ``[D, H, H]`` from the op's own layouts (the CUDA lowering's, after its kernel
-    returns dz), ``product(spec, a, b)`` computing each direction's product over all steps.
+    returns dz).
 
     ``d_source`` is dz, the gradient of the projected source, in source time ``[T, N, D*H]``;
     ``z_state`` the forward's z as the op returns it; ``init_state`` ``[N, D*H]`` (zeros when
@@ -364,7 +363,7 @@ def recurrent_weight_gradient(d_source, z_state, init_state, mask, seq_lengths,
         if store_flipped:
             z_d = flip_rows(z_d, seq_lengths)
         dRs.append(_direction_weight_gradient(descriptor.activation, dz_d, z_d, h0_d, masks[d],
-                                              valid, product))
+                                              valid))
     return jnp.stack(dRs)
 
 

@@ -112,40 +112,6 @@ def test_seq_lengths(rng, rev, bi):
 
 
 @requires_gpu
-@pytest.mark.parametrize("spec,a_shape,b_shape", [("mi,hi->mh", (25600, 1024), (1024, 1024)),
-                                                  ("mh,mi->hi", (25600, 256), (25600, 512))])
-def test_tensor_core_products_are_as_accurate_as_highest(rng, monkeypatch, spec, a_shape,
-                                                         b_shape):
-    """The lowering's 3xTF32 products (`_lowering.float32_einsum`, from TENSOR_CORE_PRODUCT_ROWS
-    rows) against float64: their largest error, over sum |a||b| entry by entry, within twice
-    that of the same product at `Precision.HIGHEST` (float32's accumulation bounds both)."""
-    from jax_sgrnn import _lowering
-
-    monkeypatch.setattr(_lowering, "TENSOR_CORE_PRODUCT_ROWS", 1)
-    a, b = random_array(rng, a_shape, jnp.float32), random_array(rng, b_shape, jnp.float32)
-    split = jax.jit(_lowering.float32_einsum, static_argnums=(0, 3))(spec, a, b, 1)
-    highest = jnp.einsum(spec, a, b, precision=jax.lax.Precision.HIGHEST)
-    a64, b64 = a.astype(jnp.float64), b.astype(jnp.float64)
-    exact = jnp.einsum(spec, a64, b64, precision=jax.lax.Precision.HIGHEST)
-    bound = jnp.einsum(spec, jnp.abs(a64), jnp.abs(b64), precision=jax.lax.Precision.HIGHEST)
-    error = [float(jnp.max(jnp.abs(r.astype(jnp.float64) - exact) / bound))
-             for r in (split, highest)]
-    assert error[0] <= 2 * error[1], error
-
-
-@requires_gpu
-@pytest.mark.parametrize("bi", [False, True])
-def test_op_with_its_products_on_tensor_cores(rng, monkeypatch, bi):
-    """The op's forward and gradients with every product around the kernels as 3xTF32
-    (the threshold lowered to one row), against the reference at float32's tolerance."""
-    from jax_sgrnn import _lowering
-
-    monkeypatch.setattr(_lowering, "TENSOR_CORE_PRODUCT_ROWS", 1)
-    _check(rng, 7, 41, 65, 96, jnp.float32, dict(activation="tanh", bidirectional=bi),
-           mask="bool")
-
-
-@requires_gpu
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
 def test_half_precisions_accumulate_in_float32(rng, dtype):
     _check(rng, 6, 4, 8, 48, dtype, dict(activation="tanh"))

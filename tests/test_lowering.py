@@ -16,7 +16,6 @@ import pytest
 from jax import export
 
 import jax_sgrnn
-from jax_sgrnn._lowering import float32_einsum
 from conftest import (LOOP_T, custom_calls, diff_inputs, lowered_text, make_inputs, out_shape,
                       random_array, requires_native)
 
@@ -255,26 +254,6 @@ def test_shape_polymorphic_export(native_backend, platform, symbolic):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
-# The CUDA lowering's gradient program checked below: T N = 12 rows, the thresholds set around.
-_T, _N, _I, _H = 4, 3, 5, 2
-
-
-def _cuda_gradient_program() -> str:
-    """The StableHLO of jax.grad of a loss through the op, exported for CUDA (no GPU needed)."""
-    x = jax.ShapeDtypeStruct((_T, _N, _I), jnp.float32)
-    R = jax.ShapeDtypeStruct((_H, _H), jnp.float32)
-    W = jax.ShapeDtypeStruct((_H, _I), jnp.float32)
-
-    def loss(x, R, W):
-        return jnp.sum(jax_sgrnn.single_gate_rnn(x, R, W, activation="tanh") ** 2)
-
-    module = export.export(jax.jit(jax.grad(loss, argnums=(0, 1, 2))), platforms=["cuda"],
-                           disabled_checks=jax_sgrnn.export_safety_checks())(x, R, W)
-    text = module.mlir_module()
-    assert jax_sgrnn.backends()["cuda"].targets["gradients"] in text
-    return text
-
-
 @pytest.mark.skipif(not CUDA_BUILT, reason="built without the CUDA handler")
 @pytest.mark.parametrize("rows_to_threshold", [-1, 0])
 def test_weight_products_apart_from_the_threshold(monkeypatch, rows_to_threshold):
@@ -283,64 +262,16 @@ def test_weight_products_apart_from_the_threshold(monkeypatch, rows_to_threshold
     no barrier. The threshold is lowered here to keep the problem small."""
     from jax_sgrnn import _lowering
 
-    monkeypatch.setattr(_lowering, "PRODUCTS_APART_ROWS", _T * _N - rows_to_threshold)
-    text = _cuda_gradient_program()
+    T, N, I, H = 4, 3, 5, 2
+    monkeypatch.setattr(_lowering, "PRODUCTS_APART_ROWS", T * N - rows_to_threshold)
+    x = jax.ShapeDtypeStruct((T, N, I), jnp.float32)
+    R, W = jax.ShapeDtypeStruct((H, H), jnp.float32), jax.ShapeDtypeStruct((H, I), jnp.float32)
+
+    def loss(x, R, W):
+        return jnp.sum(jax_sgrnn.single_gate_rnn(x, R, W, activation="tanh") ** 2)
+
+    module = export.export(jax.jit(jax.grad(loss, argnums=(0, 1, 2))), platforms=["cuda"],
+                           disabled_checks=jax_sgrnn.export_safety_checks())(x, R, W)
+    text = module.mlir_module()
+    assert jax_sgrnn.backends()["cuda"].targets["gradients"] in text
     assert ("optimization_barrier" in text) == (rows_to_threshold == 0)
-
-
-def _tf32_truncated_einsum(spec, a, b):
-    """A tf32 product as the tensor cores may take their operands: each truncated to 10 bits of
-    mantissa (the low 13 bits dropped), the products and sums then exact in float64."""
-    def truncate(v):
-        bits = jax.lax.bitcast_convert_type(v, jnp.uint32) & jnp.uint32(0xFFFFE000)
-        return jax.lax.bitcast_convert_type(bits, jnp.float32).astype(jnp.float64)
-    return jnp.einsum(spec, truncate(a), truncate(b)).astype(jnp.float32)
-
-
-@pytest.mark.parametrize("spec,a_shape,b_shape", [("mi,hi->mh", (300, 200), (50, 200)),
-                                                  ("mh,mi->hi", (3000, 40), (3000, 30))])
-def test_float32_einsum_from_tf32_products_keeps_float32_accuracy(rng, monkeypatch, spec, a_shape,
-                                                                   b_shape):
-    """The 3xTF32 split (`_lowering.float32_einsum`) with tf32 products whose operands are
-    truncated (the worst rounding the hardware may apply): its error against float64, relative
-    to sum |a||b| entry by entry, stays within float32's rounding over the contraction, as at
-    `Precision.HIGHEST`; one tf32 product's is 2^-11."""
-    monkeypatch.setattr(jax_sgrnn._lowering, "TENSOR_CORE_PRODUCT_ROWS", 1)
-    a, b = random_array(rng, a_shape, jnp.float32), random_array(rng, b_shape, jnp.float32)
-    got = float32_einsum(spec, a, b, 1, tf32_einsum=_tf32_truncated_einsum)
-    exact = np.einsum(spec, np.float64(a), np.float64(b))
-    bound = np.einsum(spec, np.abs(np.float64(a)), np.abs(np.float64(b)))
-    one_pass = _tf32_truncated_einsum(spec, a, b)
-    error = np.max(np.abs(np.float64(got) - exact) / bound)
-    assert error < 4 * 2.0 ** -24, error
-    assert np.max(np.abs(np.float64(one_pass) - exact) / bound) > 2.0 ** -14  # the test can fail
-
-
-def test_float32_einsum_keeps_infinities_and_nans(rng, monkeypatch):
-    """An infinite entry is carried whole by its tf32 part, so the product is infinite (or NaN)
-    where one at full precision is, not NaN from inf - inf."""
-    a = np.array(random_array(rng, (4, 3), jnp.float32))
-    b = np.abs(np.asarray(random_array(rng, (3, 2), jnp.float32)))
-    a[1, 0], a[2, 1] = np.inf, np.nan
-    monkeypatch.setattr(jax_sgrnn._lowering, "TENSOR_CORE_PRODUCT_ROWS", 1)
-    got = float32_einsum("mk,kn->mn", jnp.asarray(a), jnp.asarray(b), 1,
-                         tf32_einsum=_tf32_truncated_einsum)
-    want = np.einsum("mk,kn->mn", np.float64(a), np.float64(b))
-    np.testing.assert_array_equal(np.isposinf(got), np.isposinf(want))
-    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
-
-
-@pytest.mark.skipif(not CUDA_BUILT, reason="built without the CUDA handler")
-@pytest.mark.parametrize("rows_to_threshold", [None, -1, 0])
-def test_products_on_tensor_cores_from_the_threshold(monkeypatch, rows_to_threshold):
-    """From TENSOR_CORE_PRODUCT_ROWS rows on, the CUDA lowering's projection and its dx, dW and
-    dR products are tf32 products over their operands' parts (3xTF32), four in all; below, or
-    with no threshold (the default), none is tf32. The threshold is small here to keep the
-    problem small."""
-    from jax_sgrnn import _lowering
-
-    if rows_to_threshold is not None:
-        monkeypatch.setattr(_lowering, "TENSOR_CORE_PRODUCT_ROWS", _T * _N - rows_to_threshold)
-    text = _cuda_gradient_program()
-    tf32_products = len(re.findall(r"dot_general[^\n]*lhs_precision_type = tf32", text))
-    assert tf32_products == (4 if rows_to_threshold == 0 else 0), tf32_products
