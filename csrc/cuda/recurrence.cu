@@ -121,13 +121,16 @@ struct StepSignal {
     }
   }
 
-  // Writes `value` at `index` of `buffer`, step i + 1's exchange buffer, in every block of the
-  // cluster.
-  __device__ void Send(T* buffer, int index, T value, int i) const {
+  // Writes `value` at shared-window address `element` of step i + 1's exchange buffer, in
+  // every block of the cluster.
+  __device__ void Send(unsigned element, T value, int i) const {
     if constexpr (!kClustered) {
-      buffer[index] = value;
+      if constexpr (sizeof(T) == 4) {
+        asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(element), "f"(value) : "memory");
+      } else {
+        asm volatile("st.shared.f64 [%0], %1;\n" ::"r"(element), "d"(value) : "memory");
+      }
     } else {
-      const unsigned element = SharedAddress(buffer + index);
       const unsigned signal = SharedAddress(arrived + ((i + 1) & 1));
       for (int r = 0; r < cluster; ++r) {
         unsigned remote_element, remote_signal;
@@ -196,11 +199,26 @@ struct alignas(16) Vector16 {
   T v[16 / sizeof(T)];
 };
 
-// acc[g][q] = sum_i rows[g][i] w[q][i] over this thread's slice, for kGroup rows and the
-// tile's kTile units at once: kGroup * kTile independent chains, enough that FMA latency does
-// not serialise them.
+// The 16 bytes at `address` of the block's shared memory (a shared-window address). Volatile,
+// so that the compiler keeps it after the step's barrier.
+template <typename T>
+__device__ __forceinline__ Vector16<T> LoadShared16(unsigned address) {
+  Vector16<T> h;
+  if constexpr (sizeof(T) == 4) {
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=f"(h.v[0]), "=f"(h.v[1]), "=f"(h.v[2]), "=f"(h.v[3])
+                 : "r"(address));
+  } else {
+    asm volatile("ld.shared.v2.f64 {%0, %1}, [%2];\n" : "=d"(h.v[0]), "=d"(h.v[1]) : "r"(address));
+  }
+  return h;
+}
+
+// acc[g][q] = sum_i rows[g][i] w[q][i] over this thread's slice (rows[g]: the slice's shared
+// address in row g's exchange entries), for kGroup rows and the tile's kTile units at once:
+// kGroup * kTile independent chains, enough that FMA latency does not serialise them.
 template <typename T, int kSlice, int kGroup, int kTile>
-__device__ __forceinline__ void SliceProducts(const T* const (&rows)[kGroup],
+__device__ __forceinline__ void SliceProducts(const unsigned (&rows)[kGroup],
                                               const T (&w)[kTile][kSlice],
                                               T (&acc)[kGroup][kTile]) {
   constexpr int kVec = 16 / sizeof(T);
@@ -213,7 +231,7 @@ __device__ __forceinline__ void SliceProducts(const T* const (&rows)[kGroup],
   for (int v = 0; v < kSlice / kVec; ++v) {
 #pragma unroll
     for (int g = 0; g < kGroup; ++g) {
-      const Vector16<T> h = reinterpret_cast<const Vector16<T>*>(rows[g])[v];
+      const Vector16<T> h = LoadShared16<T>(rows[g] + v * 16);
 #pragma unroll
       for (int e = 0; e < kVec; ++e) {
 #pragma unroll
@@ -302,6 +320,11 @@ struct BlockMemory {
              // plain call's stays h0), the backward's next z
   int32_t* length;  // [rows]: each row's valid steps
   int exchange_elements, units;
+  // The exchange buffers' shared-window address, computed once and hidden from the compiler:
+  // with pointers derived from `exchange`, it rebuilt the window's base (S2UR SR_CgaCtaId) in
+  // every step, between the barrier and the first load (14% of the one-row forward's time,
+  // docs/performance.md).
+  unsigned exchange_address;
 
   template <int kSlice, int kTile>
   __device__ BlockMemory(const Geometry& g, const Place<kSlice, kTile>& p,
@@ -312,12 +335,18 @@ struct BlockMemory {
     exchange = reinterpret_cast<T*>(shared_bytes + kSignalBytes);
     state = exchange + 2 * g.exchange;
     length = reinterpret_cast<int32_t*>(state + g.rows * g.units);
+    exchange_address = SharedAddress(exchange);
+    asm volatile("" : "+r"(exchange_address));  // opaque: kept in a register, not rebuilt
     for (int i = threadIdx.x; i < 2 * g.exchange; i += blockDim.x) exchange[i] = T(0);
     for (int b = threadIdx.x; b < p.rows; b += blockDim.x) {
       length[b] = static_cast<int32_t>(RowLength(seq_lengths, p.row0 + b, g.T));
     }
   }
   __device__ T* Exchange(int i) const { return exchange + (i & 1) * exchange_elements; }
+  // Element `index` of exchange buffer i & 1, as a shared-window address.
+  __device__ unsigned ExchangeAddress(int i, int index) const {
+    return exchange_address + ((i & 1) * exchange_elements + index) * sizeof(T);
+  }
   __device__ T& State(int b, int unit) const { return state[b * units + unit]; }
 };
 
@@ -447,10 +476,11 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
     }
   };
   const auto run = [&](int k, int b0, const Operands& o, auto) {
-    const T* current = mem.Exchange(k) + p.read_offset;
-    const T* rows[kGroup];
+    unsigned rows[kGroup];
 #pragma unroll
-    for (int r = 0; r < kGroup; ++r) rows[r] = current + min(b0 + r, p.rows - 1) * p.exchange_row;
+    for (int r = 0; r < kGroup; ++r) {
+      rows[r] = mem.ExchangeAddress(k, p.read_offset + min(b0 + r, p.rows - 1) * p.exchange_row);
+    }
     T products[kGroup][kTile], acc[kGroup];
     SliceProducts(rows, w, products);
 #pragma unroll
@@ -472,7 +502,7 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
         if (a.z) a.z[out] = t.valid ? z : T(0);
         if (!kPlain) mem.State(b, u) = h;
         if (k + 1 < g.T) {
-          signal.Send(mem.Exchange(k + 1), p.ExchangeIndex(b), h * o.mask_next[r], k);
+          signal.Send(mem.ExchangeAddress(k + 1, p.ExchangeIndex(b)), h * o.mask_next[r], k);
         }
       }
     }
@@ -581,13 +611,12 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
   };
   const auto run = [&](int i, int b0, const Operands& o, auto ahead) {
     const int k = g.T - 1 - i;
-    const T* current = mem.Exchange(i) + p.read_offset;
-    const T* rows[kGroup];
+    unsigned rows[kGroup];
     T slope[kGroup];
     // Outside the owners' branch, so that the scheduler can interleave it with the products.
 #pragma unroll
     for (int r = 0; r < kGroup; ++r) {
-      rows[r] = current + min(b0 + r, p.rows - 1) * p.exchange_row;
+      rows[r] = mem.ExchangeAddress(i, p.read_offset + min(b0 + r, p.rows - 1) * p.exchange_row);
       slope[r] = derivative(o.z[r]);
     }
     T products[kGroup][kTile], acc[kGroup];
@@ -605,7 +634,7 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
       const T carry = k < length ? acc[r] * o.mask[r] : T(0);
       if (k > 0) {
         const StepTimes prev = TimesOf(layout, k - 1, length);
-        signal.Send(mem.Exchange(i + 1), p.ExchangeIndex(b),
+        signal.Send(mem.ExchangeAddress(i + 1, p.ExchangeIndex(b)),
                     store_dz(b, prev, (o.dy[r] + carry) * slope[r]), i);
         if constexpr (!decltype(ahead)::value) mem.State(b, u) = o.z_ahead[r];
       } else if (a.dh0) {

@@ -161,10 +161,14 @@ SGRNN_HOST_DEVICE inline To BitCast(const From& from) {
 
 // a / b in the activations' rational forms, where b lies in [2^-8, 2^8]. On the GPU it is a
 // reciprocal instruction and a multiply (within 2 ulp) instead of an IEEE division, which
-// takes a dozen instructions and a slow-path branch on the recurrence's critical path.
+// takes a dozen instructions and a slow-path branch on the recurrence's critical path. The
+// reciprocal is written out: __fdividef's result is the same for such b, but it also rescales
+// subnormal b, a compare and two multiplies on that path.
 SGRNN_HOST_DEVICE inline float ActivationDivide(float a, float b) {
 #ifdef __CUDA_ARCH__
-  return __fdividef(a, b);
+  float reciprocal;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(reciprocal) : "f"(b));
+  return a * reciprocal;
 #else
   return a / b;
 #endif
@@ -194,7 +198,10 @@ SGRNN_HOST_DEVICE inline float FastTanh(float x) {
   // Computed unconditionally so that the selects below vectorise.
   const float ratio = ActivationDivide(p, q);
   const float ax = std::abs(x);
-  return ax < 0.0004f ? x : (ax >= kClamp ? std::copysign(1.0f, x) : ratio);
+  // Two selects: written as one nested conditional, nvcc branched around the inner one, on
+  // the recurrence step's sequential path.
+  const float outer = ax >= kClamp ? std::copysign(1.0f, x) : ratio;
+  return ax < 0.0004f ? x : outer;
 }
 SGRNN_HOST_DEVICE inline double FastTanh(double x) { return std::tanh(x); }
 
