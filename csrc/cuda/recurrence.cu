@@ -322,8 +322,8 @@ struct BlockMemory {
   int exchange_elements, units;
   // The exchange buffers' shared-window address, computed once and hidden from the compiler:
   // with pointers derived from `exchange`, it rebuilt the window's base (S2UR SR_CgaCtaId) in
-  // every step, between the barrier and the first load (14% of the one-row forward's time,
-  // docs/performance.md).
+  // every step, between the barrier and the first load (docs/performance.md, "Why the kernels
+  // are as they are").
   unsigned exchange_address;
 
   template <int kSlice, int kTile>
