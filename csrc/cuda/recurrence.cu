@@ -286,6 +286,8 @@ struct Place {
   __device__ int Offset(int b) const { return first + b * row_stride; }
   // This unit's entry for row b in an exchange buffer.
   __device__ int ExchangeIndex(int b) const { return b * exchange_row + exchange_unit; }
+  // Exchange buffer: this thread's slice of row b (rows past the block's last read its last).
+  __device__ int SliceIndex(int b) const { return read_offset + min(b, rows - 1) * exchange_row; }
   // The element (time, row row0 + b, this column) of a [T, N, D*H] tensor that this lane
   // reads: lanes past H read element 0, so that every lane loads with its owner, no branch.
   __device__ int ReadAt(int time, int b, int step_stride) const {
@@ -479,7 +481,7 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
     unsigned rows[kGroup];
 #pragma unroll
     for (int r = 0; r < kGroup; ++r) {
-      rows[r] = mem.ExchangeAddress(k, p.read_offset + min(b0 + r, p.rows - 1) * p.exchange_row);
+      rows[r] = mem.ExchangeAddress(k, p.SliceIndex(b0 + r));
     }
     T products[kGroup][kTile], acc[kGroup];
     SliceProducts(rows, w, products);
@@ -616,7 +618,7 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
     // Outside the owners' branch, so that the scheduler can interleave it with the products.
 #pragma unroll
     for (int r = 0; r < kGroup; ++r) {
-      rows[r] = mem.ExchangeAddress(i, p.read_offset + min(b0 + r, p.rows - 1) * p.exchange_row);
+      rows[r] = mem.ExchangeAddress(i, p.SliceIndex(b0 + r));
       slope[r] = derivative(o.z[r]);
     }
     T products[kGroup][kTile], acc[kGroup];
