@@ -459,6 +459,16 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
   // cost the wide forwards 2-4%, while clustered ones, with several lanes a unit, ran 2-7%
   // slower without it.
   const bool works = !kClustered || p.owner;
+  // In a plain call every step is valid, TimesOf's times are k or T - 1 - k, and so the
+  // offset of step k in a [T, N, D*H] tensor is first + k * delta. Written so, nvcc steps the
+  // offsets instead of rebuilding them from TimesOf in every step: wide blocks ran 2% faster
+  // at (1000,8,128) and (2621,4,100), narrow ones 6% slower at H = 64 and level at H = 256,
+  // so only wide blocks do (docs/performance.md). Lanes past H read element 0, as in ReadAt.
+  constexpr bool kSteppedOffsets = kPlain && kWide;
+  const int read_delta = !p.in_unit ? 0 : layout.read_reversed ? -step : step;
+  const int read_first = !p.in_unit ? 0 : layout.read_reversed ? (g.T - 1) * step : 0;
+  const int slot_delta = layout.store_flipped ? -step : step;
+  const int slot_first = layout.store_flipped ? (g.T - 1) * step : 0;
   struct Operands {
     T input[kGroup], mask_next[kGroup];
   };
@@ -470,8 +480,10 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
       // One condition, which the compiler predicates: behind an early return for non-owners
       // the loads of clustered blocks took a branch before the products (15-18% slower), and
       // wide blocks' unconditional loads ran 21-24% slower with L2 emptied (2% faster warm).
-      o.input[r] =
-          works && t.valid ? a.source[p.ReadAt(t.in_time, b, step)] : T(0);
+      const int at = kSteppedOffsets
+                         ? read_first + k * read_delta + (p.in_unit ? p.Offset(b) : 0)
+                         : p.ReadAt(t.in_time, b, step);
+      o.input[r] = works && t.valid ? a.source[at] : T(0);
       o.mask_next[r] = masked && p.owner && k + 1 < g.T
                            ? *MaskPointer(a.mask, k + 1, p.row0 + b, p.column)
                            : T(1);
@@ -499,7 +511,8 @@ __global__ void __launch_bounds__(kWide ? kWideThreads : kMaxThreads)
       T h = Activate<A>(z);
       if (!kPlain && !t.valid) h = p.owner ? mem.State(b, u) : T(0);  // a finished row keeps it
       if (p.owner) {
-        const int out = t.slot * step + p.Offset(b);
+        const int out =
+            (kSteppedOffsets ? slot_first + k * slot_delta : t.slot * step) + p.Offset(b);
         a.y[out] = t.valid ? h : T(0);  // a finished row gives zeros
         if (a.z) a.z[out] = t.valid ? z : T(0);
         if (!kPlain) mem.State(b, u) = h;
