@@ -68,6 +68,18 @@ def test_flag_grid_float64(rng, act, rev, bi, H):
            mask="float")
 
 
+# Calls with neither a mask nor lengths in wide blocks (H = 100, with lanes past H, and 128):
+# their forward steps its source and output offsets instead of taking them from TimesOf, in
+# each direction layout (forward, reversed, both). 8 rows run a row a block, 1000 rows groups
+# of 4 rows.
+@requires_gpu
+@pytest.mark.parametrize("rev,bi", [(False, False), (True, False), (False, True)])
+@pytest.mark.parametrize("N", [8, 1000])
+@pytest.mark.parametrize("H", [100, 128])
+def test_plain_calls_in_wide_blocks(rng, rev, bi, N, H):
+    _check(rng, 6, N, 9, H, jnp.float32, dict(activation="tanh", reverse=rev, bidirectional=bi))
+
+
 @requires_gpu
 @pytest.mark.parametrize("pattern", [(False, False, False), (True, False, True),
                                      (False, True, False)])
