@@ -17,13 +17,17 @@ import collections
 import glob
 import gzip
 import json
+import pathlib
+import sys
 import tempfile
 
 import jax
 import jax.numpy as jnp
 
-import jax_sgrnn
-from bench_cpu import problem
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from bench_cpu import problem  # noqa: E402  (the same data as the benchmarks)
+
+import jax_sgrnn  # noqa: E402
 
 
 def gpu_events(trace_dir: str) -> list[dict]:
