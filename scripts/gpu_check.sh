@@ -64,15 +64,15 @@ grid() {
     tee "$LOGS/bench_grid.log"
 }
 
-for step in "${@:-build test bench grid}"; do
-  for name in $step; do
-    case "$name" in
-      build) build ;;
-      test) test_on_gpu ;;
-      bench) bench ;;
-      grid) grid ;;
-      *) echo "unknown step '$name' (build, test, bench, grid)"; exit 2 ;;
-    esac
-  done
+steps=("$@")
+[ ${#steps[@]} -gt 0 ] || steps=(build test bench grid)
+for name in "${steps[@]}"; do
+  case "$name" in
+    build) build ;;
+    test) test_on_gpu ;;
+    bench) bench ;;
+    grid) grid ;;
+    *) echo "unknown step '$name' (build, test, bench, grid)"; exit 2 ;;
+  esac
 done
 exit $status
