@@ -15,6 +15,7 @@ computes dW, dR, db and dx from the dz its gradient call returns.
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -149,6 +150,29 @@ def _products_apart(rows) -> bool:
 # scans"). Read at lowering time.
 DECOMPOSITION_UNROLL = 4
 
+# From this many elements in a step's output (rows, of all batched calls, times D*H), a scan
+# whose steps DECOMPOSITION_UNROLL does not divide runs the most steps an iteration that do.
+# lax.scan runs the steps left over as a loop of their own, slicing its inputs in two and
+# concatenating the two loops' outputs: copies of the whole sequence, which outweigh the
+# iterations saved where a step's output is large. On an H100 the (50,1024,700,700) forward
+# took 3.54 ms at 4 steps an iteration and 3.30 at 2; at (50,32,1024,1024), 32,768 elements,
+# the two ran level (docs/performance.md, "Unrolled scans").
+WHOLE_ITERATIONS_FROM_ELEMENTS = 32768
+
+
+def steps_per_iteration(steps, step_elements) -> int:
+    """The decomposition's scans' steps per loop iteration for ``steps`` steps whose outputs
+    hold ``step_elements`` elements each. A symbolic number of steps (shape-polymorphic export)
+    takes one: lax.scan cannot unroll a length it does not know."""
+    if not known_sizes(steps):
+        return 1
+    if (steps % DECOMPOSITION_UNROLL == 0 or not known_sizes(step_elements)
+            or step_elements < WHOLE_ITERATIONS_FROM_ELEMENTS):
+        return DECOMPOSITION_UNROLL
+    return next((n for n in range(DECOMPOSITION_UNROLL, 1, -1) if steps % n == 0),
+                DECOMPOSITION_UNROLL)
+
+
 # Platforms whose decomposition takes the reference's ``gpu_form``: both directions of a
 # bidirectional call in one scan, one-row backward products against a transposed R, and a few
 # rows' products split along their contraction at H >= 1024 (docs/performance.md, "The
@@ -158,11 +182,11 @@ GPU_FORM_PLATFORMS = ("cuda", "rocm")
 
 def _lower_decomposition(ctx, *args, config: OpConfig, decomposition):
     """The ``lax.scan`` decomposition: the rule of platforms without a handler, and of calls
-    their handler does not run. XLA partitions it like any JAX code. A symbolic number of
-    steps (shape-polymorphic export) scans one step per iteration: lax.scan cannot unroll a
-    length it does not know."""
-    steps = ctx.avals_in[0].shape[-3]
-    unroll = DECOMPOSITION_UNROLL if known_sizes(steps) else 1
+    their handler does not run. XLA partitions it like any JAX code."""
+    source, weight = ctx.avals_in[:2]
+    rows = math.prod(source.shape[:-3]) * source.shape[-2]
+    unroll = steps_per_iteration(source.shape[-3],
+                                 rows * config.descriptor.directions * weight.shape[-1])
     gpu_form = all(p in GPU_FORM_PLATFORMS for p in ctx.module_context.platforms)
     fn = functools.partial(decomposition, config=config, unroll=unroll, gpu_form=gpu_form)
     return mlir.lower_fun(fn, multiple_results=True)(ctx, *args)

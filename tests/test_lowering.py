@@ -57,6 +57,23 @@ def test_other_platforms_lower_the_decomposition(platform, bidirectional):
     assert "stablehlo.while" in module  # the lax.scan recurrence
 
 
+@pytest.mark.parametrize("rows,steps_an_iteration", [(128, 2), (2, 4)])
+def test_decomposition_scans_whole_iterations_where_a_steps_output_is_large(rows,
+                                                                            steps_an_iteration):
+    """10 steps are not a whole number of 4-step iterations: with 32,768 elements a step the
+    scan runs 2 an iteration (lax.scan's loop of the steps left over copies the sequence in
+    and out: a concatenate of the whole sequence); with few elements it keeps 4 and that
+    loop."""
+    T, H = 10, 256
+    assert jax_sgrnn._lowering.steps_per_iteration(T, rows * H) == steps_an_iteration
+    shapes = [jax.ShapeDtypeStruct(s, np.float32) for s in ((T, rows, 4), (H, H), (H, 4))]
+    module = export.export(jax.jit(lambda x, R, W: op(x, R, W, activation="tanh")),
+                           platforms=["rocm"])(*shapes).mlir_module()
+    assert "stablehlo.while" in module
+    whole_sequence = re.search(rf"stablehlo.concatenate .*-> tensor<{T}x", module)
+    assert bool(whole_sequence) == (steps_an_iteration == 4)
+
+
 @requires_native
 @pytest.mark.parametrize("bi", [False, True], ids=["uni", "bi"])
 def test_hlo_forward_and_grad_use_custom_calls(native_backend, rng, bi):
