@@ -166,8 +166,7 @@ def steps_per_iteration(steps, step_elements) -> int:
     takes one: lax.scan cannot unroll a length it does not know."""
     if not known_sizes(steps):
         return 1
-    if (steps % DECOMPOSITION_UNROLL == 0 or not known_sizes(step_elements)
-            or step_elements < WHOLE_ITERATIONS_FROM_ELEMENTS):
+    if not known_sizes(step_elements) or step_elements < WHOLE_ITERATIONS_FROM_ELEMENTS:
         return DECOMPOSITION_UNROLL
     return next((n for n in range(DECOMPOSITION_UNROLL, 1, -1) if steps % n == 0),
                 DECOMPOSITION_UNROLL)
