@@ -27,6 +27,7 @@ program (each fusion, copy, product or custom call is at least one kernel launch
 
     python benchmarks/bench_gpu.py --tables float32       # the five issue shapes
     python benchmarks/bench_gpu.py --shapes 100,32,256,256 --json gpu.json
+    python benchmarks/bench_gpu.py --shapes 50,1024,1024,1024,2,relu   # D = 2, relu
     python benchmarks/bench_gpu.py --sweep --tables float32
     python benchmarks/bench_gpu.py --sweep --sweep-hidden 700 1024 2048   # part of the grid
     python benchmarks/bench_gpu.py --census --shapes 100,32,256,256
@@ -72,7 +73,13 @@ class Case:
 
     @classmethod
     def parse(cls, spec: str) -> "Case":
-        return cls(*map(int, spec.split(",")))
+        """'T,N,I,H[,D][,tanh|relu]', e.g. '50,32,1024,1024,relu' or '50,1024,256,256,2,relu'."""
+        fields = spec.split(",")
+        activation = fields.pop() if fields[-1] in ("tanh", "relu") else "tanh"
+        if (len(fields) not in (4, 5) or not all(f.isdigit() for f in fields)
+                or fields[4:] not in ([], ["1"], ["2"])):
+            raise ValueError(f"shape {spec!r} is not T,N,I,H[,D][,tanh|relu] with D 1 or 2")
+        return cls(*map(int, fields), activation=activation)
 
     def __str__(self) -> str:
         tail = ("" if self.D == 1 else " bi") + ("" if self.activation == "tanh" else " relu")
@@ -366,7 +373,8 @@ def run_census(cases) -> dict:
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", nargs="+", default=DEFAULT_SHAPES, help="T,N,I,H ...")
+    parser.add_argument("--shapes", nargs="+", default=DEFAULT_SHAPES,
+                        help="T,N,I,H[,D][,tanh|relu] ...")
     parser.add_argument("--repeats", type=int, help="minimum timed runs (20; sweep: 5)")
     parser.add_argument("--calls", type=int,
                         help="K: calls back to back per timed run in the b2b mode (50; sweep: 10)")

@@ -37,6 +37,23 @@ def test_sweep_spans_the_grid():
     assert any(c.H % 32 for c in cases)
 
 
+@pytest.mark.parametrize("spec, case", [
+    ("100,32,256,256", bench_gpu.Case(100, 32, 256, 256)),
+    ("50,32,1024,1024,relu", bench_gpu.Case(50, 32, 1024, 1024, 1, "relu")),
+    ("50,1024,256,256,2,relu", bench_gpu.Case(50, 1024, 256, 256, 2, "relu")),
+    ("50,1024,256,256,2", bench_gpu.Case(50, 1024, 256, 256, 2)),
+])
+def test_shapes_name_directions_and_activation(spec, case):
+    assert bench_gpu.Case.parse(spec) == case
+
+
+@pytest.mark.parametrize("spec", ["100,32,256", "50,32,64,64,3", "50,32,64,64,sigmoid",
+                                  "50,32,64,64,2,relu,1", "50,-1,64,64"])
+def test_bad_shapes_are_refused(spec):
+    with pytest.raises(ValueError, match="T,N,I,H"):
+        bench_gpu.Case.parse(spec)
+
+
 @requires_native
 def test_census_counts_launches():
     case = bench_gpu.Case(6, 2, 3, 4)
