@@ -21,7 +21,8 @@ jax-metal users get; "plain" is the minimal scan a user would write (projection 
 
 ``--sweep`` times op, plain and cuDNN (both modes, forward and forward+backward) over a grid of
 its own (T 50-3000, N 1-1024, H 64-2048 with sizes that are not multiples of 32, one and two
-directions, tanh and relu) and prints each point's best/op and the worst. ``--census`` prints
+directions, tanh and relu), or over the ``--shapes`` given, and prints each point's best/op
+and the worst. ``--census`` prints
 what one call of each jitted JAX contender runs: the operations left in XLA's optimised
 program (each fusion, copy, product or custom call is at least one kernel launch).
 
@@ -30,6 +31,7 @@ program (each fusion, copy, product or custom call is at least one kernel launch
     python benchmarks/bench_gpu.py --shapes 50,1024,1024,1024,2,relu   # D = 2, relu
     python benchmarks/bench_gpu.py --sweep --tables float32
     python benchmarks/bench_gpu.py --sweep --sweep-hidden 700 1024 2048   # part of the grid
+    python benchmarks/bench_gpu.py --sweep --shapes 50,1024,2048,2048      # points of your own
     python benchmarks/bench_gpu.py --census --shapes 100,32,256,256
 """
 
@@ -278,6 +280,20 @@ def sweep_cases(hidden: Optional[Sequence[int]] = None) -> list[Case]:
     return cases
 
 
+def chosen_cases(shapes: Optional[Sequence[str]], sweep: bool,
+                 sweep_hidden: Optional[Sequence[int]]) -> list[Case]:
+    """The command line's cases: the shapes given, else the sweep's grid (with `sweep`, only
+    its points of `sweep_hidden` where given) or the five issue shapes."""
+    if sweep_hidden and not sweep:
+        raise ValueError("--sweep-hidden needs --sweep")
+    if sweep_hidden and shapes:
+        raise ValueError("--sweep-hidden picks points of the sweep's grid; --shapes names "
+                         "its own: give one or the other")
+    if sweep and not shapes:
+        return sweep_cases(sweep_hidden)
+    return [Case.parse(s) for s in shapes or DEFAULT_SHAPES]
+
+
 def progress(total: int):
     """A tqdm bar on stderr where tqdm is installed and stderr is a terminal (a bar's
     carriage returns would run into the table's lines in a log), otherwise nothing."""
@@ -373,14 +389,16 @@ def run_census(cases) -> dict:
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", nargs="+", default=DEFAULT_SHAPES,
-                        help="T,N,I,H[,D][,tanh|relu] ...")
+    parser.add_argument("--shapes", nargs="+",
+                        help="T,N,I,H[,D][,tanh|relu] ... (default: the five issue shapes)")
     parser.add_argument("--repeats", type=int, help="minimum timed runs (20; sweep: 5)")
     parser.add_argument("--calls", type=int,
                         help="K: calls back to back per timed run in the b2b mode (50; sweep: 10)")
     parser.add_argument("--tables", nargs="+", default=["float32", "tf32"],
                         choices=["float32", "tf32"], help="which tables to measure")
-    parser.add_argument("--sweep", action="store_true", help="time the sweep's grid instead")
+    parser.add_argument("--sweep", action="store_true",
+                        help="time the sweep's grid, or the --shapes given, the sweep's way "
+                             "(op, plain and cuDNN; forward and forward+backward)")
     parser.add_argument("--sweep-hidden", nargs="+", type=int, metavar="H",
                         help="with --sweep: only the grid's points of these hidden sizes "
                              "(default: all)")
@@ -388,11 +406,8 @@ def main(argv=None) -> dict:
                         help="print what one call of each JAX contender runs, and time nothing")
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args(argv)
-    if args.sweep_hidden and not args.sweep:
-        parser.error("--sweep-hidden needs --sweep")
     try:
-        cases = (sweep_cases(args.sweep_hidden) if args.sweep
-                 else [Case.parse(s) for s in args.shapes])
+        cases = chosen_cases(args.shapes, args.sweep, args.sweep_hidden)
     except ValueError as e:
         parser.error(str(e))
     if jax.default_backend() != "gpu":

@@ -54,6 +54,18 @@ def test_bad_shapes_are_refused(spec):
         bench_gpu.Case.parse(spec)
 
 
+def test_command_line_cases():
+    given = bench_gpu.Case(50, 1024, 2048, 2048)
+    assert bench_gpu.chosen_cases(["50,1024,2048,2048"], True, None) == [given]
+    assert bench_gpu.chosen_cases(["50,1024,2048,2048"], False, None) == [given]
+    assert bench_gpu.chosen_cases(None, True, None) == bench_gpu.sweep_cases()
+    assert {c.H for c in bench_gpu.chosen_cases(None, True, [700])} == {700}
+    assert len(bench_gpu.chosen_cases(None, False, None)) == 5
+    for shapes, sweep, hidden in ((None, False, [700]), (["50,1024,2048,2048"], True, [700])):
+        with pytest.raises(ValueError, match="--sweep-hidden"):
+            bench_gpu.chosen_cases(shapes, sweep, hidden)
+
+
 @requires_native
 def test_census_counts_launches():
     case = bench_gpu.Case(6, 2, 3, 4)
