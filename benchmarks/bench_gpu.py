@@ -22,9 +22,9 @@ jax-metal users get; "plain" is the minimal scan a user would write (projection 
 ``--sweep`` times op, plain and cuDNN (both modes, forward and forward+backward) over a grid of
 its own (T 50-3000, N 1-1024, H 64-2048 with sizes that are not multiples of 32, one and two
 directions, tanh and relu), or over the ``--shapes`` given, and prints each point's best/op
-and the worst. ``--census`` prints
-what one call of each jitted JAX contender runs: the operations left in XLA's optimised
-program (each fusion, copy, product or custom call is at least one kernel launch).
+and the worst. ``--census`` prints what one call of each jitted JAX contender runs: the
+operations left in XLA's optimised program (each fusion, copy, product or custom call is at
+least one kernel launch).
 
     python benchmarks/bench_gpu.py --tables float32       # the five issue shapes
     python benchmarks/bench_gpu.py --shapes 100,32,256,256 --json gpu.json
@@ -61,6 +61,7 @@ DEFAULT_SHAPES = ["100,32,256,256", "200,64,512,512", "100,256,1024,1024", "1000
                   "50,1024,256,256"]
 PASSES = ("fwd", "fwd+bwd", "jvp")
 MODES = ("waited", "b2b")
+ACTIVATIONS = ("tanh", "relu")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,9 +78,9 @@ class Case:
     def parse(cls, spec: str) -> "Case":
         """'T,N,I,H[,D][,tanh|relu]', e.g. '50,32,1024,1024,relu' or '50,1024,256,256,2,relu'."""
         fields = spec.split(",")
-        activation = fields.pop() if fields[-1] in ("tanh", "relu") else "tanh"
-        if (len(fields) not in (4, 5) or not all(f.isdigit() for f in fields)
-                or fields[4:] not in ([], ["1"], ["2"])):
+        activation = fields.pop() if fields[-1] in ACTIVATIONS else "tanh"
+        if len(fields) < 4 or not all(f.isdigit() for f in fields) or fields[4:] not in (
+                [], ["1"], ["2"]):
             raise ValueError(f"shape {spec!r} is not T,N,I,H[,D][,tanh|relu] with D 1 or 2")
         return cls(*map(int, fields), activation=activation)
 
@@ -275,7 +276,7 @@ def sweep_cases(hidden: Optional[Sequence[int]] = None) -> list[Case]:
         for j, N in enumerate((1, 4, 32, 1024)):
             T = min(3000, max(50, 2 ** 20 // (N * H)))
             D = 1 + (i + j) % 2
-            activation = ("tanh", "relu")[(i + j // 2) % 2]
+            activation = ACTIVATIONS[(i + j // 2) % 2]
             cases.append(Case(T, N, H, H, D, activation))
     return cases
 
