@@ -365,6 +365,33 @@ def explicit_batch_sharded_bidirectional_scan():
 
 
 @check
+def explicit_batch_sharded_gpu_form():
+    """The reference's GPU loops (``gpu_form``: a bidirectional call's two directions in one
+    scan) under explicit batch sharding: the forward and the gradient op equal to one
+    device's, y sharded by batch."""
+    from jax.sharding import AxisType
+
+    mesh = jax.make_mesh((4,), ("batch",), axis_types=(AxisType.Explicit,))
+    inputs = problem(20, bidirectional=True, mask_shape=(T, N, 2 * H))
+    flags = dict(bidirectional=True, activation="tanh", gpu_form=True, unroll=2)
+    forward = jax.jit(lambda i: jax_sgrnn.reference(**i, training=True, **flags))
+    gradients = jax.jit(lambda i, dy, z: jax_sgrnn.reference_gradients(
+        **i, source_gradient=dy, z_state=z, **flags))
+    y, z = forward(inputs)
+    dy = jnp.asarray(np.random.default_rng(21).normal(size=y.shape))
+    expected = dict(forward=(y, z), gradients=gradients(inputs, dy, z))
+    with jax.set_mesh(mesh):
+        sharded = put(inputs, mesh, batch_sharded(inputs, "batch"))
+        sequence = NamedSharding(mesh, batch_spec("source", "batch"))
+        got = dict(forward=forward(sharded))
+        got["gradients"] = gradients(sharded, jax.device_put(dy, sequence),
+                                     jax.device_put(z, sequence))
+    for name in expected:
+        assert_same(got[name], expected[name], name)
+    return dict(y_spec=[e for e in got["forward"][0].sharding.spec])
+
+
+@check
 def explicit_time_sharded():
     return _explicit({"source": P("batch")}, "native", bidirectional=False)
 

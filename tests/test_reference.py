@@ -133,16 +133,19 @@ def test_reference_autodiff_at_activation_kinks_follows_spec(act):
 @pytest.mark.parametrize("T", [1, 6, 9])
 @pytest.mark.parametrize("N,bi,H", [(1, False, 4), (1, True, 4), (3, True, 4), (3, True, 1024),
                                     (2, False, 1024)])
-def test_scan_schedules_match_one_scan_per_direction_one_step_per_iteration(rng, N, bi, H, T,
-                                                                             unroll, gpu_form):
+@pytest.mark.parametrize("mask,lengths", [("float", True), (None, False)])
+def test_scan_schedules_match_one_scan_per_direction_one_step_per_iteration(
+        rng, N, bi, H, T, unroll, gpu_form, mask, lengths):
     """``unroll`` and ``gpu_form`` (what the decomposition lowers with: both directions in
     one scan; with one row, backward products against a transposed R; with a few rows at
     H = 1024, products split along their contraction) change the loops, not the result: the
     forward and the gradient op against one step per iteration and one scan per direction,
-    for lengths that are not a multiple of 4 and with lengths and a mask, in float64."""
-    inputs = make_inputs(rng, T, N, 2, H, bidirectional=bi, mask="float")
-    flags = dict(bidirectional=bi, activation="tanh",
-                 seq_lengths=jnp.array([T, 0, max(T - 2, 1)][:N], jnp.int32))
+    for lengths that are not a multiple of 4, with lengths and a mask and with neither, in
+    float64."""
+    inputs = make_inputs(rng, T, N, 2, H, bidirectional=bi, mask=mask)
+    flags = dict(bidirectional=bi, activation="tanh")
+    if lengths:
+        flags["seq_lengths"] = jnp.array([T, 0, max(T - 2, 1)][:N], jnp.int32)
     schedules = {"one": dict(unroll=1), "other": dict(unroll=unroll, gpu_form=gpu_form)}
     forward = {k: jax.jit(lambda i, k=k: ref(**i, **flags, training=True, **schedules[k]))(inputs)
                for k in schedules}

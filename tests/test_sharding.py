@@ -124,10 +124,12 @@ def test_inside_a_user_shard_map(reports, vma):
 
 
 @pytest.mark.parametrize("name", ["explicit_batch_sharded",
-                                  "explicit_batch_sharded_bidirectional_scan"])
+                                  "explicit_batch_sharded_bidirectional_scan",
+                                  "explicit_batch_sharded_gpu_form"])
 def test_explicit_sharding_gives_the_one_device_results_sharded_by_batch(reports, name):
     """AxisType.Explicit meshes and jax.set_mesh: forward, jax.grad of the op and of the
-    reference, and a Hessian, each equal to one device's; y keeps the batch sharding."""
+    reference, and a Hessian (the reference's GPU loops: its forward and gradient op), each
+    equal to one device's; y keeps the batch sharding."""
     facts = report(reports, name)
     assert facts["y_spec"] == [None, "batch", None], facts
 
