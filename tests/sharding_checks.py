@@ -43,6 +43,18 @@ def mesh_1d() -> Mesh:
     return Mesh(np.array(jax.devices()[:4]), ("batch",))
 
 
+def explicit_mesh() -> Mesh:
+    """Four devices along "batch", of ``AxisType.Explicit`` (sharding in types)."""
+    from jax.sharding import AxisType
+
+    return jax.make_mesh((4,), ("batch",), axis_types=(AxisType.Explicit,))
+
+
+def spec_entries(a) -> list:
+    """``a``'s PartitionSpec, one entry per axis (a spec may leave trailing axes out)."""
+    return [e for e in a.sharding.spec] + [None] * (a.ndim - len(a.sharding.spec))
+
+
 def mesh_2d() -> Mesh:
     return Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ("a", "b"))
 
@@ -324,9 +336,7 @@ def _explicit(specs_by_name: dict, backend: str, bidirectional: bool) -> dict:
     """Under explicit sharding (``AxisType.Explicit``, ``jax.set_mesh``): the op's forward,
     jax.grad of the op and of the reference, and a Hessian through the op, each equal to the
     same call on one device; y keeps the source's batch sharding."""
-    from jax.sharding import AxisType
-
-    mesh = jax.make_mesh((4,), ("batch",), axis_types=(AxisType.Explicit,))
+    mesh = explicit_mesh()
     inputs = {**problem(18, bidirectional=bidirectional, mask_shape=(T, N, 1)),
               "seq_lengths": jnp.array([4, 0, 1, 3, 2, 4, 4, 1], jnp.int32)}
     flags = dict(bidirectional=bidirectional, activation="tanh")
@@ -348,8 +358,7 @@ def _explicit(specs_by_name: dict, backend: str, bidirectional: bool) -> dict:
             got["hessian"] = jax.jit(hessian)(sdiff["recurrent_weight"], sdiff, srest)
     for name in expected:
         assert_same(got[name], expected[name], name)
-    entries = lambda a: [e for e in a.sharding.spec] + [None] * (a.ndim - len(a.sharding.spec))
-    return dict(y_spec=entries(got["forward"]), source_spec=entries(sharded["source"]))
+    return dict(y_spec=spec_entries(got["forward"]), source_spec=spec_entries(sharded["source"]))
 
 
 @check
@@ -369,9 +378,7 @@ def explicit_batch_sharded_gpu_form():
     """The reference's GPU loops (``gpu_form``: a bidirectional call's two directions in one
     scan) under explicit batch sharding: the forward and the gradient op equal to one
     device's, y sharded by batch."""
-    from jax.sharding import AxisType
-
-    mesh = jax.make_mesh((4,), ("batch",), axis_types=(AxisType.Explicit,))
+    mesh = explicit_mesh()
     inputs = problem(20, bidirectional=True, mask_shape=(T, N, 2 * H))
     flags = dict(bidirectional=True, activation="tanh", gpu_form=True, unroll=2)
     forward = jax.jit(lambda i: jax_sgrnn.reference(**i, training=True, **flags))
@@ -388,7 +395,7 @@ def explicit_batch_sharded_gpu_form():
                                      jax.device_put(z, sequence))
     for name in expected:
         assert_same(got[name], expected[name], name)
-    return dict(y_spec=[e for e in got["forward"][0].sharding.spec])
+    return dict(y_spec=spec_entries(got["forward"][0]))
 
 
 @check
